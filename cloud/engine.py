@@ -1,0 +1,137 @@
+"""The verifier engine: runs the new tokens of many sequences in one forward pass and commits verdicts.
+
+A sequence's committed tokens all have KV in the pool except the trailing uncomputed ones (the whole
+prompt before prefill, the last committed token afterwards). A step feeds those plus the draft tree that
+hangs off the last committed token, so prefill, plain decoding and tree verification are one operation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from specedge.cloud.attention import SeqSlice, StepBatch
+from specedge.cloud.kv_pool import KVBlockPool
+from specedge.cloud.models import build_runner
+from specedge.common.acceptance import Verdict, verify_tree
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams, make_generator
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    token_ids: list[int]  # prompt + committed output
+    prompt_len: int
+    params: SamplingParams
+    generator: torch.Generator
+    num_cached: int  # leading tokens whose KV is in the pool
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+
+class Engine:
+    def __init__(self, runner, pool: KVBlockPool) -> None:
+        self.runner = runner
+        self.pool = pool
+        self.vocab_size = runner.vocab_size
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_hf_model(cls, hf_model, kv_pool_bytes: int, block_size: int = 16) -> "Engine":
+        runner = build_runner(hf_model)
+        pool = KVBlockPool(
+            kv_pool_bytes, block_size, runner.num_layers, runner.num_kv_heads, runner.head_dim,
+            dtype=runner.embed.dtype,
+        )
+        return cls(runner, pool)
+
+    def add_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not prompt_ids:
+            raise ValueError("the prompt must contain at least one token")
+        if max(prompt_ids) >= self.vocab_size or min(prompt_ids) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        seq_id = next(self._ids)
+        num_cached = self.pool.open(seq_id, prompt_ids)
+        return Sequence(seq_id, list(prompt_ids), len(prompt_ids), params, make_generator(params.seed), num_cached)
+
+    def release(self, seq: Sequence) -> None:
+        self.pool.close(seq.seq_id)
+
+    def step(self, work: list[tuple[Sequence, DraftTree]]) -> list[Verdict]:
+        """One forward pass over every sequence's uncomputed tokens plus its draft tree; commit verdicts."""
+        verdicts = []
+        for (seq, tree), logits in zip(work, self.forward(work)):
+            verdict = verify_tree(tree, logits, seq.params, seq.generator)
+            self.commit(seq, tree, verdict)
+            verdicts.append(verdict)
+        return verdicts
+
+    def forward(self, work: list[tuple[Sequence, DraftTree]]) -> list[torch.Tensor]:
+        """Logits [1 + len(tree), V] per sequence: at the tree root (last committed token) and each node.
+
+        Every sequence must be committed (see `commit`) before its next forward.
+        """
+        for seq, tree in work:
+            self.pool.reserve(seq.seq_id, len(seq.token_ids) + len(tree))
+        batch, logits_rows = self._build_batch(work)
+        logits = self.runner.forward(batch, self.pool, logits_rows)
+        return list(logits.split([len(tree) + 1 for _, tree in work]))
+
+    def _build_batch(self, work: list[tuple[Sequence, DraftTree]]) -> tuple[StepBatch, torch.Tensor]:
+        ids, positions, new_slots, seqs, logits_rows = [], [], [], [], []
+        start = 0
+        for seq, tree in work:
+            cached = seq.num_cached
+            chain = len(seq.token_ids) - cached  # uncomputed committed tokens; the last one is the tree root
+            n = chain + len(tree)
+            tree_pos = cached + chain - 1 + torch.tensor(tree.depths(), dtype=torch.long)
+            pos = torch.cat([torch.arange(cached, cached + chain), tree_pos])
+            ids.append(torch.tensor(seq.token_ids[cached:] + list(tree.tokens), dtype=torch.long))
+            positions.append(pos)
+            new_slots.append(self.pool.slots(seq.seq_id, cached, cached + n))
+            seqs.append(
+                SeqSlice(
+                    start=start,
+                    end=start + n,
+                    ctx_slots=self.pool.slots(seq.seq_id, 0, cached + n),
+                    mask=_step_mask(cached, chain, tree),
+                    query_pos=pos,
+                    key_pos=torch.cat([torch.arange(cached), pos]),
+                )
+            )
+            logits_rows.append(torch.arange(start + chain - 1, start + n))
+            start += n
+        batch = StepBatch(torch.cat(ids), torch.cat(positions), torch.cat(new_slots), seqs)
+        return batch, torch.cat(logits_rows)
+
+    def commit(self, seq: Sequence, tree: DraftTree, verdict: Verdict) -> None:
+        """Append the verdict's tokens; keep the KV of the root and accepted path in order, free the rest."""
+        base = len(seq.token_ids)  # slot of the first tree node
+        if verdict.accepted:
+            src = torch.tensor(verdict.accepted, dtype=torch.long) + base
+            dst = torch.arange(base, base + len(verdict.accepted))
+            moved = src != dst
+            if bool(moved.any()):
+                slots = self.pool.slots(seq.seq_id, 0, base + len(tree))
+                self.pool.move(slots[src[moved]], slots[dst[moved]])
+        seq.num_cached = base + len(verdict.accepted)
+        seq.token_ids.extend(verdict.tokens)
+        self.pool.truncate(seq.seq_id, seq.num_cached)
+        self.pool.commit(seq.seq_id, seq.token_ids[: seq.num_cached])
+
+
+def _step_mask(cached: int, chain: int, tree: DraftTree) -> torch.Tensor | None:
+    """[n, cached + n] visibility: all cached tokens, the causal chain, and each tree node's ancestors."""
+    n = chain + len(tree)
+    if n == 1:
+        return None
+    new = torch.zeros(n, n, dtype=torch.bool)
+    new[:chain, :chain] = torch.ones(chain, chain, dtype=torch.bool).tril()
+    new[chain:, : chain - 1] = True
+    new[chain - 1 :, chain - 1 :] |= tree.ancestor_mask()
+    return torch.cat([torch.ones(n, cached, dtype=torch.bool), new], dim=1)

@@ -1,0 +1,187 @@
+"""Paged KV cache: one pre-allocated budget, fixed-size blocks, hash-chained prefix caching.
+
+Every sequence owns a block table (list of block ids). A block that is full of *committed* tokens gets
+a hash chained from its predecessor's, so another sequence whose prompt starts with the same tokens can
+reuse it (reference counted). Blocks nobody references but that hold a hash stay cached and are evicted
+least-recently-used when a fresh block is needed. Sequences only ever write past their committed length,
+which always lies in a private block, so shared blocks are never written and need no copy-on-write.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+
+
+class KVPoolExhausted(RuntimeError):
+    """The pool cannot hold what was asked for; nothing was allocated."""
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class BlockTable:
+    blocks: list[int] = field(default_factory=list)
+    num_hashed: int = 0  # leading blocks whose hash is registered (full and committed)
+    last_hash: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    used: int  # referenced by at least one sequence
+    cached: int  # unreferenced but holding a reusable prefix
+    free: int
+    block_size: int
+    bytes_per_block: int
+
+
+class KVBlockPool:
+    def __init__(
+        self,
+        budget_bytes: int,
+        block_size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.block_size = block_size
+        self.bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+        self.num_blocks = budget_bytes // self.bytes_per_block
+        if self.num_blocks < 1:
+            raise ValueError(
+                f"KV budget of {budget_bytes} bytes is smaller than one block ({self.bytes_per_block} bytes)"
+            )
+        slots = self.num_blocks * block_size
+        # [layer, slot, kv_head, head_dim]; a slot is block_id * block_size + offset.
+        self.k = torch.zeros(num_layers, slots, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free_ids: list[int] = list(range(self.num_blocks - 1, -1, -1))
+        self.cached_ids: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+        self.hash_to_block: dict[int, int] = {}
+        self.tables: dict[int, BlockTable] = {}
+
+    # ---- sequences -------------------------------------------------------------------------------
+
+    def open(self, seq_id: int, token_ids: list[int]) -> int:
+        """Start a sequence and attach cached blocks for its longest cached prefix.
+
+        Returns how many of `token_ids` already have KV. At least one token is always left to compute,
+        because the caller needs the logits at the last prompt token.
+        """
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} is already open")
+        table = BlockTable()
+        self.tables[seq_id] = table
+        usable_blocks = (len(token_ids) - 1) // self.block_size
+        for i in range(usable_blocks):
+            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = hash((table.last_hash, chunk))
+            block_id = self.hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            self._ref(block_id)
+            table.blocks.append(block_id)
+            table.num_hashed += 1
+            table.last_hash = h
+        return len(table.blocks) * self.block_size
+
+    def close(self, seq_id: int) -> None:
+        table = self.tables.pop(seq_id)
+        for block_id in reversed(table.blocks):  # tail first: it is the least likely to be shared
+            self._unref(block_id)
+
+    def reserve(self, seq_id: int, num_tokens: int) -> None:
+        """Make the sequence's table cover `num_tokens` slots, all-or-nothing."""
+        table = self.tables[seq_id]
+        needed = -(-num_tokens // self.block_size) - len(table.blocks)
+        if needed <= 0:
+            return
+        if needed > self.num_available():
+            raise KVPoolExhausted(
+                f"KV pool exhausted: need {needed} more blocks of {self.block_size} tokens, "
+                f"{self.num_available()} of {self.num_blocks} available"
+            )
+        for _ in range(needed):
+            table.blocks.append(self._take_block())
+
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Release the blocks past the first `num_tokens` slots."""
+        table = self.tables[seq_id]
+        keep = -(-num_tokens // self.block_size)
+        if keep < table.num_hashed:
+            raise ValueError("cannot truncate into committed, hashed blocks")
+        while len(table.blocks) > keep:
+            self._unref(table.blocks.pop())
+
+    def commit(self, seq_id: int, token_ids: list[int]) -> None:
+        """Register the hashes of blocks now full of committed tokens (`token_ids` all have KV)."""
+        table = self.tables[seq_id]
+        full = min(len(token_ids) // self.block_size, len(table.blocks))
+        for i in range(table.num_hashed, full):
+            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = hash((table.last_hash, chunk))
+            block = self.blocks[table.blocks[i]]
+            if h not in self.hash_to_block:
+                block.hash, block.token_ids = h, chunk
+                self.hash_to_block[h] = block.block_id
+            table.num_hashed, table.last_hash = i + 1, h
+
+    def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
+        """Slot indices (into the layer tensors) of the sequence's token positions [start, end)."""
+        blocks = torch.tensor(self.tables[seq_id].blocks, dtype=torch.long)
+        pos = torch.arange(start, end)
+        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the KV at slots `src` to slots `dst` in every layer (used to compact an accepted path)."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+    # ---- accounting ------------------------------------------------------------------------------
+
+    def num_available(self) -> int:
+        return len(self.free_ids) + len(self.cached_ids)
+
+    def stats(self) -> PoolStats:
+        free, cached = len(self.free_ids), len(self.cached_ids)
+        return PoolStats(self.num_blocks - free - cached, cached, free, self.block_size, self.bytes_per_block)
+
+    # ---- blocks ----------------------------------------------------------------------------------
+
+    def _take_block(self) -> int:
+        if self.free_ids:
+            block_id = self.free_ids.pop()
+        else:
+            block_id, _ = self.cached_ids.popitem(last=False)  # evict the least recently used
+            block = self.blocks[block_id]
+            del self.hash_to_block[block.hash]
+            block.hash, block.token_ids = None, ()
+        self.blocks[block_id].ref_count = 1
+        return block_id
+
+    def _ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.cached_ids[block_id]
+        block.ref_count += 1
+
+    def _unref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is None:
+                self.free_ids.append(block_id)
+            else:
+                self.cached_ids[block_id] = None

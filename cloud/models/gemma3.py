@@ -1,0 +1,92 @@
+"""Gemma 3 (text) forward pass over the paged KV pool, using a transformers model's weights.
+
+Differences from Llama: embeddings scaled by sqrt(hidden), RMSNorm weights applied as (1 + w), norms
+around both attention and MLP outputs ("sandwich"), RMSNorm on q and k per head, tanh-GELU MLP, and
+two kinds of layers: sliding-window ones with their own RoPE base, and global ones.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
+from specedge.cloud.kv_pool import KVBlockPool
+
+
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+
+
+class Gemma3Runner:
+    def __init__(self, hf_model: torch.nn.Module) -> None:
+        cfg = hf_model.config
+        cfg = getattr(cfg, "text_config", cfg)
+        for layer_type, rope in cfg.rope_parameters.items():
+            if rope.get("rope_type", "default") != "default":
+                raise NotImplementedError(f"RoPE scaling {rope} ({layer_type}) is not supported yet")
+        if cfg.attn_logit_softcapping is not None or cfg.attention_bias:
+            raise NotImplementedError("attention soft-capping and attention bias are not supported")
+        self.config = cfg
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.vocab_size = cfg.vocab_size
+        self.eps = cfg.rms_norm_eps
+        self.scale = cfg.query_pre_attn_scalar**-0.5
+        self.sliding_window = cfg.sliding_window
+        self.softcap = cfg.final_logit_softcapping
+        self.rope_base = {t: r["rope_theta"] for t, r in cfg.rope_parameters.items()}
+        m = hf_model.model
+        self.embed = m.embed_tokens.weight
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.embed.dtype)
+        self.norm = m.norm.weight
+        self.lm_head = hf_model.lm_head.weight
+        self.layers = []
+        for i, l in enumerate(m.layers):
+            a = l.self_attn
+            self.layers.append(
+                dict(
+                    sliding=cfg.layer_types[i] == "sliding_attention",
+                    attn_norm=l.input_layernorm.weight,
+                    wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    q_norm=a.q_norm.weight,
+                    k_norm=a.k_norm.weight,
+                    wo=a.o_proj.weight,
+                    post_attn_norm=l.post_attention_layernorm.weight,
+                    pre_mlp_norm=l.pre_feedforward_layernorm.weight,
+                    w_gate_up=torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]),
+                    w_down=l.mlp.down_proj.weight,
+                    post_mlp_norm=l.post_feedforward_layernorm.weight,
+                )
+            )
+
+    @torch.inference_mode()
+    def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
+        """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
+        x = F.embedding(batch.input_ids, self.embed) * self.embed_scale
+        rope = {
+            "sliding": rope_cos_sin(batch.positions, self.head_dim, self.rope_base["sliding_attention"]),
+            "full": rope_cos_sin(batch.positions, self.head_dim, self.rope_base["full_attention"]),
+        }
+        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        for i, w in enumerate(self.layers):
+            cos, sin = rope["sliding" if w["sliding"] else "full"]
+            h = gemma_rms_norm(x, w["attn_norm"], self.eps)
+            q, k, v = F.linear(h, w["wqkv"]).split([nq, nkv, nkv], dim=-1)
+            q = gemma_rms_norm(q.view(-1, self.num_heads, self.head_dim), w["q_norm"], self.eps)
+            k = gemma_rms_norm(k.view(-1, self.num_kv_heads, self.head_dim), w["k_norm"], self.eps)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            v = v.view(-1, self.num_kv_heads, self.head_dim)
+            window = self.sliding_window if w["sliding"] else None
+            attn = F.linear(paged_attention(q, k, v, i, pool, batch, self.scale, window), w["wo"])
+            x = x + gemma_rms_norm(attn, w["post_attn_norm"], self.eps)
+            h = gemma_rms_norm(x, w["pre_mlp_norm"], self.eps)
+            gate, up = F.linear(h, w["w_gate_up"]).chunk(2, dim=-1)
+            mlp = F.linear(F.gelu(gate, approximate="tanh") * up, w["w_down"])
+            x = x + gemma_rms_norm(mlp, w["post_mlp_norm"], self.eps)
+        logits = F.linear(gemma_rms_norm(x[logits_rows], self.norm, self.eps), self.lm_head)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
