@@ -28,16 +28,25 @@ def random_tree(true_next: list[int], vocab: int, rng: random.Random, size: int)
 
     Returns the tree and the node indices of the true path."""
     tokens, parents, true_path = [], [], []
+
+    def add_decoy(parent: int, avoid: int | None = None) -> None:
+        siblings = {tokens[i] for i, p in enumerate(parents) if p == parent} | {avoid}
+        token = rng.randrange(vocab)
+        if token not in siblings:
+            tokens.append(token), parents.append(parent)
+
     parent = -1
     for tok in true_next:
         for _ in range(rng.randint(0, 2)):  # decoys before the true child so it is not always first
-            tokens.append(rng.randrange(vocab)), parents.append(parent)
+            add_decoy(parent, avoid=tok)
         tokens.append(tok), parents.append(parent)
         parent = len(tokens) - 1
         true_path.append(parent)
     while len(tokens) < size:  # more decoys hanging anywhere
-        tokens.append(rng.randrange(vocab)), parents.append(rng.randrange(-1, len(tokens)))
-    return DraftTree(tokens, parents), true_path
+        add_decoy(rng.randrange(-1, len(tokens)))
+    tree = DraftTree(tokens, parents)
+    tree.validate(vocab)
+    return tree, true_path
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

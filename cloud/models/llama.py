@@ -16,7 +16,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class LlamaRunner:
     def __init__(self, hf_model: torch.nn.Module) -> None:
         cfg = hf_model.config
-        if getattr(cfg, "rope_scaling", None) or (cfg.rope_parameters or {}).get("rope_type", "default") != "default":
+        if (cfg.rope_parameters or {}).get("rope_type", "default") != "default":
             raise NotImplementedError(f"RoPE scaling {cfg.rope_parameters} is not supported yet")
         if cfg.hidden_act != "silu" or cfg.attention_bias or getattr(cfg, "mlp_bias", False):
             raise NotImplementedError("only bias-free SiLU Llama models are supported")

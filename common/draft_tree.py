@@ -1,0 +1,96 @@
+"""A draft token tree hanging off the last committed token (the root, which is not part of the tree)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    tokens: list[int]
+    # Parent index of each node; -1 is the root. Parents come before their children.
+    parents: list[int]
+    # For drafts sampled from a model: parent index (-1 = root) -> the sparse proposal q (token ids,
+    # probabilities) from which that parent's children were drawn without replacement, in index order.
+    proposals: dict[int, tuple[list[int], list[float]]] | None = None
+
+    @classmethod
+    def empty(cls) -> DraftTree:
+        return cls(tokens=[], parents=[])
+
+    @classmethod
+    def chain(cls, tokens: list[int]) -> DraftTree:
+        """A single path: each node is the child of the previous one."""
+        return cls(tokens=list(tokens), parents=list(range(-1, len(tokens) - 1)))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def validate(self, vocab_size: int) -> None:
+        n = len(self.tokens)
+        if len(self.parents) != n:
+            raise ValueError(f"tokens and parents differ in length: {n} != {len(self.parents)}")
+        for i, (token, parent) in enumerate(zip(self.tokens, self.parents)):
+            if not 0 <= token < vocab_size:
+                raise ValueError(f"node {i}: token {token} is outside the vocabulary [0, {vocab_size})")
+            if not -1 <= parent < i:
+                raise ValueError(f"node {i}: parent {parent} must be in [-1, {i}) (-1 = root)")
+        children = self.children()
+        for parent, kids in enumerate(children, start=-1):
+            kid_tokens = [self.tokens[c] for c in kids]
+            if len(set(kid_tokens)) != len(kid_tokens):
+                raise ValueError(f"node {parent}: two children carry the same token ({kid_tokens})")
+        for parent, (ids, probs) in (self.proposals or {}).items():
+            where = f"proposal for node {parent}"
+            if not -1 <= parent < n:
+                raise ValueError(f"{where}: no such node (tree has {n} nodes, -1 = root)")
+            if len(ids) != len(probs):
+                raise ValueError(f"{where}: {len(ids)} token ids but {len(probs)} probabilities")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{where}: repeated token ids")
+            if any(not 0 <= t < vocab_size for t in ids):
+                raise ValueError(f"{where}: token ids outside the vocabulary [0, {vocab_size})")
+            if any(not (math.isfinite(q) and q >= 0) for q in probs):
+                raise ValueError(f"{where}: probabilities must be finite and non-negative")
+            if abs(sum(probs) - 1) > 1e-4:
+                raise ValueError(f"{where}: probabilities sum to {sum(probs)}, not 1")
+            q = dict(zip(ids, probs))
+            for c in children[parent + 1]:
+                if q.get(self.tokens[c], 0) <= 0:
+                    raise ValueError(f"{where}: child node {c} (token {self.tokens[c]}) has q = 0, so it "
+                                     "cannot have been drawn from it")
+
+    def children(self) -> list[list[int]]:
+        """Children of the root at index 0 and of node i at index i + 1, in index order."""
+        kids: list[list[int]] = [[] for _ in range(len(self) + 1)]
+        for i, parent in enumerate(self.parents):
+            kids[parent + 1].append(i)
+        return kids
+
+    def depths(self) -> list[int]:
+        """Depth of each node; the root's children have depth 1."""
+        depth: list[int] = []
+        for parent in self.parents:
+            depth.append(1 if parent < 0 else depth[parent] + 1)
+        return depth
+
+    def path_to(self, i: int) -> list[int]:
+        """Node indices from the root's child down to node i."""
+        path = []
+        while i >= 0:
+            path.append(i)
+            i = self.parents[i]
+        return path[::-1]
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """Bool [n + 1, n + 1] over [root] + nodes: [a, b] is True iff b is a or an ancestor of a."""
+        n = len(self)
+        mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+        mask[0, 0] = True
+        for i, parent in enumerate(self.parents):
+            mask[i + 1] = mask[parent + 1]
+            mask[i + 1, i + 1] = True
+        return mask
