@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import torch
@@ -59,14 +61,39 @@ def paged_attention(
     pool.v[layer, batch.new_slots] = v
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
     for s in batch.seqs:
-        keys = pool.k[layer, s.ctx_slots].transpose(0, 1)  # [KVH, C, D]
-        values = pool.v[layer, s.ctx_slots].transpose(0, 1)
+        # index_select: ~3x faster than advanced indexing for this gather on the CPU.
+        keys = pool.k[layer].index_select(0, s.ctx_slots).transpose(0, 1)  # [KVH, C, D]
+        values = pool.v[layer].index_select(0, s.ctx_slots).transpose(0, 1)
         mask = s.mask if window is None else s.window_mask(window)
-        o = F.scaled_dot_product_attention(
-            q[s.start : s.end].transpose(0, 1), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-        )
-        out[s.start : s.end] = o.transpose(0, 1).reshape(s.end - s.start, -1)
+        out[s.start : s.end] = grouped_attention(q[s.start : s.end], keys, values, mask, scale)
     return out
+
+
+def grouped_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """q [n, H, D] over keys/values [KVH, C, D] (query head h reads kv head h // (H / KVH)) -> [n, H*D].
+
+    The query heads of a group are stacked so each kv head is read once, without repeating K/V. Measured
+    here on SmolLM2 shapes (C = 500): 0.11 ms for one query and 0.6 ms for 16, against 1.2 and 1.9 ms for
+    `F.scaled_dot_product_attention(..., enable_gqa=True)`, whose CPU path copies K/V per query head.
+    """
+    n, num_heads, head_dim = q.shape
+    num_kv_heads, ctx = keys.shape[0], keys.shape[1]
+    group = num_heads // num_kv_heads
+    if n * ctx > _SDPA_FROM:  # long prefill: let SDPA avoid materialising every score
+        o = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask, scale=scale,
+                                           enable_gqa=True)
+        return o.transpose(0, 1).reshape(n, num_heads * head_dim)
+    qg = q.view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)
+    scores = torch.matmul(qg, keys.transpose(1, 2)).mul_(scale)
+    if mask is not None:
+        scores = scores.view(num_kv_heads, group, n, ctx).masked_fill_(~mask, -math.inf).view(num_kv_heads, -1, ctx)
+    o = torch.matmul(scores.softmax(dim=-1), values)  # [KVH, group * n, D]
+    return o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads * head_dim)
+
+
+_SDPA_FROM = 1 << 18  # query rows x context length beyond which scores would take > 1 MiB per head
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
+from specedge.cloud.linear import Linear
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,7 +43,7 @@ class Gemma3Runner:
         self.embed = m.embed_tokens.weight
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.embed.dtype)
         self.norm = m.norm.weight
-        self.lm_head = hf_model.lm_head.weight
+        self.lm_head = Linear(hf_model.lm_head.weight)
         self.layers = []
         for i, l in enumerate(m.layers):
             a = l.self_attn
@@ -50,14 +51,14 @@ class Gemma3Runner:
                 dict(
                     sliding=cfg.layer_types[i] == "sliding_attention",
                     attn_norm=l.input_layernorm.weight,
-                    wqkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]),
+                    wqkv=Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
                     q_norm=a.q_norm.weight,
                     k_norm=a.k_norm.weight,
-                    wo=a.o_proj.weight,
+                    wo=Linear(a.o_proj.weight),
                     post_attn_norm=l.post_attention_layernorm.weight,
                     pre_mlp_norm=l.pre_feedforward_layernorm.weight,
-                    w_gate_up=torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]),
-                    w_down=l.mlp.down_proj.weight,
+                    w_gate_up=Linear(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])),
+                    w_down=Linear(l.mlp.down_proj.weight),
                     post_mlp_norm=l.post_feedforward_layernorm.weight,
                 )
             )
@@ -74,19 +75,19 @@ class Gemma3Runner:
         for i, w in enumerate(self.layers):
             cos, sin = rope["sliding" if w["sliding"] else "full"]
             h = gemma_rms_norm(x, w["attn_norm"], self.eps)
-            q, k, v = F.linear(h, w["wqkv"]).split([nq, nkv, nkv], dim=-1)
+            q, k, v = w["wqkv"](h).split([nq, nkv, nkv], dim=-1)
             q = gemma_rms_norm(q.view(-1, self.num_heads, self.head_dim), w["q_norm"], self.eps)
             k = gemma_rms_norm(k.view(-1, self.num_kv_heads, self.head_dim), w["k_norm"], self.eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             v = v.view(-1, self.num_kv_heads, self.head_dim)
             window = self.sliding_window if w["sliding"] else None
-            attn = F.linear(paged_attention(q, k, v, i, pool, batch, self.scale, window), w["wo"])
+            attn = w["wo"](paged_attention(q, k, v, i, pool, batch, self.scale, window))
             x = x + gemma_rms_norm(attn, w["post_attn_norm"], self.eps)
             h = gemma_rms_norm(x, w["pre_mlp_norm"], self.eps)
-            gate, up = F.linear(h, w["w_gate_up"]).chunk(2, dim=-1)
-            mlp = F.linear(F.gelu(gate, approximate="tanh") * up, w["w_down"])
+            gate, up = w["w_gate_up"](h).chunk(2, dim=-1)
+            mlp = w["w_down"](F.gelu(gate, approximate="tanh") * up)
             x = x + gemma_rms_norm(mlp, w["post_mlp_norm"], self.eps)
-        logits = F.linear(gemma_rms_norm(x[logits_rows], self.norm, self.eps), self.lm_head)
+        logits = self.lm_head(gemma_rms_norm(x[logits_rows], self.norm, self.eps))
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
+from specedge.cloud.linear import Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,16 +33,16 @@ class LlamaRunner:
         m = hf_model.model
         self.embed = m.embed_tokens.weight
         self.norm = m.norm.weight
-        self.lm_head = hf_model.lm_head.weight
+        self.lm_head = Linear(hf_model.lm_head.weight)
         # Fused projections: one matmul for q, k, v and one for gate, up (fewer, larger GEMMs on CPU).
         self.layers = [
             dict(
                 attn_norm=l.input_layernorm.weight,
-                wqkv=torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight]),
-                wo=l.self_attn.o_proj.weight,
+                wqkv=Linear(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])),
+                wo=Linear(l.self_attn.o_proj.weight),
                 mlp_norm=l.post_attention_layernorm.weight,
-                w_gate_up=torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight]),
-                w_down=l.mlp.down_proj.weight,
+                w_gate_up=Linear(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])),
+                w_down=Linear(l.mlp.down_proj.weight),
             )
             for l in m.layers
         ]
@@ -54,13 +55,13 @@ class LlamaRunner:
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         for i, w in enumerate(self.layers):
             h = rms_norm(x, w["attn_norm"], self.eps)
-            q, k, v = F.linear(h, w["wqkv"]).split([nq, nkv, nkv], dim=-1)
+            q, k, v = w["wqkv"](h).split([nq, nkv, nkv], dim=-1)
             q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
             k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
             v = v.view(-1, self.num_kv_heads, self.head_dim)
-            x = x + F.linear(paged_attention(q, k, v, i, pool, batch, self.scale), w["wo"])
+            x = x + w["wo"](paged_attention(q, k, v, i, pool, batch, self.scale))
             h = rms_norm(x, w["mlp_norm"], self.eps)
-            gate, up = F.linear(h, w["w_gate_up"]).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, w["w_down"])
+            gate, up = w["w_gate_up"](h).chunk(2, dim=-1)
+            x = x + w["w_down"](F.silu(gate) * up)
         x = rms_norm(x[logits_rows], self.norm, self.eps)
-        return F.linear(x, self.lm_head)
+        return self.lm_head(x)

@@ -1,0 +1,147 @@
+"""Greedy speculative decoding on the engine gives exactly transformers' `generate` output, token for
+token, on 20 Spec-Bench prompts for both real models, whatever the drafts: empty, random, partly right
+(a true prefix among wrong branches, then wrong tokens) and fully right.
+
+A mismatch fails unless it is a genuine near-tie: at the first differing position the target's top-2
+logit gap is below twice the measured difference between the engine's and transformers' logits there.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specedge.cloud.engine import Engine
+from specedge.cloud.generation import generate
+from specedge.common import specbench
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+from specedge.common.text import encode_prompt, eos_token_ids
+from specedge.edge.oracle import OracleDrafter
+
+pytestmark = pytest.mark.real_model
+
+NEW_TOKENS = 32
+PROMPTS = specbench.stratified(specbench.load(), 20)
+GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)
+
+
+def test_the_prompts_cover_every_category():
+    assert len(PROMPTS) == 20
+    assert {p.category for p in PROMPTS} == {p.category for p in specbench.load()}
+
+
+class Drafts:
+    """Draft sources that know the reference continuation and lie about it in controlled ways."""
+
+    def __init__(self, reference: list[int], vocab: int, seed: int) -> None:
+        self.reference, self.vocab, self.rng = reference, vocab, random.Random(seed)
+
+    def empty(self, committed: list[int]) -> DraftTree:
+        return DraftTree.empty()
+
+    def random(self, committed: list[int]) -> DraftTree:
+        tokens, parents = [], []
+        for _ in range(self.rng.randint(1, 10)):
+            parent = self.rng.randrange(-1, len(tokens))
+            token = self.rng.randrange(self.vocab)
+            if all(not (p == parent and t == token) for p, t in zip(parents, tokens)):
+                tokens.append(token), parents.append(parent)
+        return DraftTree(tokens, parents)
+
+    def partly_right(self, committed: list[int]) -> DraftTree:
+        truth = self.truth(committed, self.rng.randint(1, 6))
+        tokens, parents, parent = [], [], -1
+        for i, token in enumerate(truth):
+            if self.rng.random() < 0.5:  # a wrong sibling, before or after the true child
+                tokens.append(self.wrong(token)), parents.append(parent)
+            tokens.append(token), parents.append(parent)
+            parent = len(tokens) - 1
+        for _ in range(self.rng.randint(1, 3)):  # the true path runs out into wrong tokens
+            tokens.append(self.wrong(self.reference[min(len(committed) + len(truth), len(self.reference) - 1)]))
+            parents.append(parent)
+            parent = len(tokens) - 1
+        return DraftTree(tokens, parents)
+
+    def fully_right(self, committed: list[int]) -> DraftTree:
+        return OracleDrafter(self.reference, depth=8)(committed)
+
+    def truth(self, committed: list[int], depth: int) -> list[int]:
+        n = len(committed)
+        return self.reference[n : n + depth] if committed == self.reference[:n] else []
+
+    def wrong(self, token: int) -> int:
+        return (token + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
+
+
+DRAFT_KINDS = ["empty", "random", "partly_right", "fully_right"]
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
+def model_case(request, real_model):
+    """(hf model, engine, prompts as ids, transformers' greedy outputs) for one model."""
+    hf, tokenizer = real_model(request.param)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=512 << 20)
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    prompts = [encode_prompt(tokenizer, p.text, chat=chat) for p in PROMPTS]
+    references = []
+    for ids in prompts:
+        with torch.inference_mode():
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              do_sample=False, max_new_tokens=NEW_TOKENS)
+        references.append(out[0, len(ids) :].tolist())
+    return hf, engine, prompts, references
+
+
+def near_tie(hf, engine: Engine, context: list[int]) -> tuple[bool, str]:
+    """Is the next token after `context` a genuine near-tie? Compares the top-2 gap to the logit noise."""
+    with torch.inference_mode():
+        want = hf(torch.tensor([context])).logits[0, -1].float()
+    seq = engine.add_sequence(context, GREEDY)
+    try:
+        (got,) = engine.forward([(seq, DraftTree.empty())])
+    finally:
+        engine.release(seq)
+    noise = (got[0] - want).abs().max().item()
+    top2 = want.topk(2).values
+    gap = (top2[0] - top2[1]).item()
+    return gap <= 2 * noise, f"top-2 gap {gap:.2e}, logit noise {noise:.2e}"
+
+
+@pytest.mark.parametrize("kind", DRAFT_KINDS)
+def test_greedy_output_equals_transformers_generate(model_case, kind):
+    hf, engine, prompts, references = model_case
+    eos = eos_token_ids(hf)
+    failures, ties, passes, proposed = [], [], 0, 0
+    for i, (ids, reference) in enumerate(zip(prompts, references)):
+        drafts = Drafts(ids + reference, engine.vocab_size, seed=i)
+        source = getattr(drafts, kind)
+
+        def counting(committed: list[int]) -> DraftTree:
+            nonlocal proposed
+            tree = source(committed)
+            tree.validate(engine.vocab_size)
+            proposed += len(tree)
+            return tree
+
+        result = generate(engine, ids, GREEDY, eos, draft=counting)
+        passes += result.rounds
+        if result.token_ids == reference:
+            continue
+        at = next((j for j, (a, b) in enumerate(zip(result.token_ids, reference)) if a != b),
+                  min(len(result.token_ids), len(reference)))
+        tie, detail = near_tie(hf, engine, ids + reference[:at])
+        (ties if tie else failures).append(f"prompt {PROMPTS[i].id} ({PROMPTS[i].category}) differs at "
+                                           f"token {at}: {detail}")
+    assert not failures, "\n".join(failures)
+    assert len(ties) <= 2, f"too many near-ties to be chance: {ties}"
+    total = sum(len(r) for r in references)
+    if kind == "empty":
+        assert passes == total  # plain decoding: one token per pass
+    if kind == "fully_right":
+        assert passes < total / 4  # the drafts really were accepted
+    if kind != "empty":
+        assert proposed > 0
+    assert engine.pool.stats().used == 0  # every sequence gave its blocks back
