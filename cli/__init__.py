@@ -59,7 +59,10 @@ def run_generate(args: argparse.Namespace) -> int:
         )
     except ValueError as e:
         raise SystemExit(f"specedge generate: {e}")
-    hf_model, tokenizer = load_model(args.model)
+    try:
+        hf_model, tokenizer = load_model(args.model)
+    except ValueError as e:
+        raise SystemExit(f"specedge generate: {e}")
     engine = Engine.from_hf_model(hf_model, kv_pool_bytes=args.kv_pool_mb << 20)
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat)
     stop = stop_at_strings(tokenizer, params.stop) if params.stop else None

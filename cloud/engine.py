@@ -76,6 +76,8 @@ class Engine:
 
         Every sequence must be committed (see `commit`) before its next forward.
         """
+        if not work:
+            return []
         for seq, tree in work:
             self.pool.reserve(seq.seq_id, len(seq.token_ids) + len(tree))
         batch, logits_rows = self._build_batch(work)

@@ -1,0 +1,166 @@
+"""Engine benchmarks (issue 2): plain decoding vs transformers `generate`, the cost of one verification
+pass by its number of tokens, and the oracle-draft speedup ceiling.
+
+    .venv/bin/python bench/engine_bench.py --models smollm2-135m gemma3-270m --out bench-out/engine
+
+Everything is measured side by side in one run, interleaved, several repetitions, medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specedge.cloud.engine import Engine
+from specedge.cloud.generation import generate
+from specedge.common import specbench
+from specedge.common.draft_tree import DraftTree
+from specedge.common.model_registry import load_model
+from specedge.common.sampling import SamplingParams
+from specedge.common.text import encode_prompt
+from specedge.edge.oracle import OracleDrafter
+
+TREE_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
+ORACLE_DEPTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def hf_generate(hf, ids: list[int], new_tokens: int) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens)
+    return out[0, len(ids) :].tolist()
+
+
+def timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return result, time.perf_counter() - start
+
+
+def plain_decoding(hf, engine: Engine, prompts: list[list[int]], new_tokens: int, reps: int) -> dict:
+    """tokens/s of the engine (no drafts) and of transformers' generate, interleaved per prompt."""
+    params = SamplingParams(max_new_tokens=new_tokens)
+    engine_s, hf_s, mismatches = [], [], 0
+    for rep in range(reps):
+        for i, ids in enumerate(prompts):
+            ours, t_ours = timed(lambda: generate(engine, ids, params, eos_ids=()))
+            theirs, t_hf = timed(lambda: hf_generate(hf, ids, new_tokens))
+            mismatches += ours.token_ids != theirs
+            engine_s.append(new_tokens / t_ours)
+            hf_s.append(new_tokens / t_hf)
+            log(f"  plain rep {rep} prompt {i}: engine {engine_s[-1]:.1f} tok/s, transformers {hf_s[-1]:.1f} tok/s")
+    e, h = statistics.median(engine_s), statistics.median(hf_s)
+    return {"engine_tokens_per_s": e, "hf_tokens_per_s": h, "ratio": e / h, "greedy_mismatches": mismatches,
+            "runs": len(engine_s)}
+
+
+def verify_cost(engine: Engine, context: list[int], reps: int) -> list[dict]:
+    """Milliseconds of one forward pass over a chain of n draft tokens after `context`, per n."""
+    seq = engine.add_sequence(context, SamplingParams())
+    engine.step([(seq, DraftTree.empty())])  # prefill
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n in TREE_TOKENS:
+        times = []
+        for _ in range(reps + 1):
+            tree = DraftTree.chain(torch.randint(0, engine.vocab_size, (n,), generator=gen).tolist())
+            _, t = timed(lambda: engine.forward([(seq, tree)]))
+            engine.pool.truncate(seq.seq_id, len(seq.token_ids))  # nothing committed: drop the draft's slots
+            times.append(t * 1e3)
+        ms = statistics.median(times[1:])  # the first run warms up allocations for this size
+        rows.append({"tree_tokens": n, "ms": ms})
+        log(f"  verify {n:4d} tokens: {ms:.1f} ms")
+    engine.release(seq)
+    base = rows[0]["ms"]
+    for r in rows:
+        r["relative"] = r["ms"] / base
+    return rows
+
+
+def oracle_curve(engine: Engine, prompts: list[list[int]], new_tokens: int, reps: int) -> list[dict]:
+    """Speedup over plain decoding when every draft is the true continuation, by draft depth."""
+    params = SamplingParams(max_new_tokens=new_tokens)
+    references = [generate(engine, ids, params, eos_ids=()).token_ids for ids in prompts]
+    speedups: dict[int, list[float]] = {d: [] for d in ORACLE_DEPTHS}
+    accepted: dict[int, list[float]] = {d: [] for d in ORACLE_DEPTHS}
+    for rep in range(reps):
+        for ids, ref in zip(prompts, references):
+            plain, t_plain = timed(lambda: generate(engine, ids, params, eos_ids=()))
+            for d in ORACLE_DEPTHS:
+                spec, t_spec = timed(lambda: generate(engine, ids, params, eos_ids=(),
+                                                      draft=OracleDrafter(ids + ref, d)))
+                assert spec.token_ids == ref == plain.token_ids, "oracle drafts changed the greedy output"
+                speedups[d].append(t_plain / t_spec)
+                accepted[d].append(spec.mean_accepted)
+        log(f"  oracle rep {rep}: " + ", ".join(f"d{d} {statistics.median(speedups[d]):.2f}x" for d in ORACLE_DEPTHS))
+    return [{"depth": d, "speedup": statistics.median(speedups[d]),
+             "mean_accepted": statistics.median(accepted[d])} for d in ORACLE_DEPTHS]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"], help="registry names")
+    ap.add_argument("--prompts", type=int, default=6, help="Spec-Bench prompts, stratified over categories")
+    ap.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
+    ap.add_argument("--context", type=int, default=400, help="context tokens before the verified tree")
+    ap.add_argument("--out", type=Path, default=Path("bench-out/engine"), help="output directory")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"torch_threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
+               "models": {}}
+    for name in args.models:
+        log(f"{name}: loading")
+        hf, tokenizer = load_model(name)
+        engine = Engine.from_hf_model(hf, kv_pool_bytes=512 << 20)
+        chat = bool(getattr(tokenizer, "chat_template", None))
+        chosen = specbench.stratified(specbench.load(), args.prompts)
+        prompts = [encode_prompt(tokenizer, p.text, chat=chat) for p in chosen]
+        long_text = " ".join(p.text for p in specbench.load(categories=["summarization"])[:3])
+        context = tokenizer(long_text)["input_ids"][: args.context]
+        log(f"{name}: plain decoding, engine vs transformers")
+        plain = plain_decoding(hf, engine, prompts, args.new_tokens, args.reps)
+        log(f"{name}: verification cost by tree size")
+        cost = verify_cost(engine, context, max(args.reps, 5))
+        log(f"{name}: oracle drafts")
+        oracle = oracle_curve(engine, prompts, args.new_tokens, args.reps)
+        results["models"][name] = {"plain": plain, "verify_cost": cost, "oracle": oracle,
+                                   "prompt_tokens": [len(p) for p in prompts]}
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+        del engine, hf
+    (args.out / "results.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    lines = []
+    for name, r in results["models"].items():
+        p = r["plain"]
+        lines += [f"### {name}", "",
+                  f"Plain decoding: engine {p['engine_tokens_per_s']:.1f} tokens/s, transformers generate "
+                  f"{p['hf_tokens_per_s']:.1f} tokens/s, ratio **{p['ratio']:.2f}** (median of {p['runs']} runs; "
+                  f"{p['greedy_mismatches']} greedy mismatches)", "",
+                  "| tree tokens | " + " | ".join(str(c["tree_tokens"]) for c in r["verify_cost"]) + " |",
+                  "|---|" + "---|" * len(r["verify_cost"]),
+                  "| ms per pass | " + " | ".join(f"{c['ms']:.0f}" for c in r["verify_cost"]) + " |",
+                  "| vs 1 token | " + " | ".join(f"{c['relative']:.2f}" for c in r["verify_cost"]) + " |", "",
+                  "| oracle depth | " + " | ".join(str(o["depth"]) for o in r["oracle"]) + " |",
+                  "|---|" + "---|" * len(r["oracle"]),
+                  "| tokens per pass | " + " | ".join(f"{o['mean_accepted']:.2f}" for o in r["oracle"]) + " |",
+                  "| speedup | " + " | ".join(f"{o['speedup']:.2f}x" for o in r["oracle"]) + " |", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from specedge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""The `specedge` command: documented flags, clear errors, and `generate --json` giving transformers'
+greedy output with the promised fields."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specedge.cli import build_parser, main
+
+
+def specedge(*args: str) -> subprocess.CompletedProcess:
+    """The installed console script, in a process of its own."""
+    script = Path(sys.executable).with_name("specedge")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=600)
+
+
+def run_in_process(capsys, *args: str) -> tuple[int, str, str]:
+    """main(args) in this process (no torch start-up per call) -> (exit code, stdout, stderr)."""
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_every_flag_of_every_command_has_help_text():
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert "generate" in commands
+    for name, sub in commands.items():
+        for action in sub._actions:
+            assert action.help, f"specedge {name} {action.option_strings or action.dest} has no help text"
+
+
+def test_help_lists_the_commands_and_generate_help_lists_its_flags():
+    top = specedge("--help")
+    assert top.returncode == 0 and "generate" in top.stdout
+    gen = specedge("generate", "--help")
+    assert gen.returncode == 0
+    for flag in ["--model", "--drafter", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed",
+                 "--stop", "--chat", "--json", "--kv-pool-mb"]:
+        assert flag in gen.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--model", "no-such-model"], "unknown model"),
+    (["--drafter", "telepathy"], "--drafter"),
+])
+def test_bad_arguments_exit_non_zero_with_a_clear_message(capsys, args, message):
+    code, _, err = run_in_process(capsys, "generate", "hello", *args)
+    assert code != 0
+    assert message in err
+
+
+@pytest.mark.real_model
+def test_generate_json_gives_transformers_greedy_output(real_model):
+    prompt = "The capital of France is"
+    result = specedge("generate", prompt, "--max-new-tokens", "12", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out) == {"text", "token_ids", "num_tokens", "rounds", "mean_accepted", "tokens_per_s", "wall_s"}
+    hf, tokenizer = real_model("smollm2-135m")
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.inference_mode():
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12)
+    want = want[0, ids.shape[1] :].tolist()
+    assert out["token_ids"] == want
+    assert out["text"] == tokenizer.decode(want, skip_special_tokens=True)
+    assert out["num_tokens"] == len(want) == out["rounds"]  # plain decoding: one token per pass
+    assert out["mean_accepted"] == pytest.approx(1.0)
+    assert out["tokens_per_s"] > 0 and out["wall_s"] > 0
+
+
+@pytest.mark.real_model
+def test_generate_stops_at_a_stop_string_and_cuts_the_text_before_it(capsys):
+    args = ["generate", "Count: 1, 2, 3,", "--max-new-tokens", "16", "--json"]
+    full = json.loads(run_in_process(capsys, *args)[1])
+    assert " 6" in full["text"], full["text"]  # the premise: the model keeps counting
+    cut = json.loads(run_in_process(capsys, *args, "--stop", " 6")[1])
+    assert cut["text"] == full["text"].split(" 6")[0]
+    assert cut["num_tokens"] < full["num_tokens"]
+    assert cut["token_ids"] == full["token_ids"][: cut["num_tokens"]]
+
+
+@pytest.mark.real_model
+def test_sampling_with_a_seed_is_reproducible_and_another_seed_differs(capsys):
+    args = ["generate", "Once upon a time", "--max-new-tokens", "12", "--json", "--temperature", "1.0"]
+    a, b, c = (json.loads(run_in_process(capsys, *args, "--seed", seed)[1]) for seed in ("7", "7", "8"))
+    assert a["token_ids"] == b["token_ids"] != c["token_ids"]
