@@ -18,12 +18,13 @@ from pathlib import Path
 import torch
 
 from specedge.cloud.engine import Engine
-from specedge.cloud.generation import generate
+from specedge.cloud.local import LocalVerifier
 from specedge.common import specbench
 from specedge.common.draft_tree import DraftTree
 from specedge.common.model_registry import load_model
 from specedge.common.sampling import SamplingParams
 from specedge.common.text import encode_prompt
+from specedge.edge.generation import generate
 from specedge.edge.oracle import OracleDrafter
 
 TREE_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
@@ -54,7 +55,7 @@ def plain_decoding(hf, engine: Engine, prompts: list[list[int]], new_tokens: int
     engine_s, hf_s, mismatches = [], [], 0
     for rep in range(reps):
         for i, ids in enumerate(prompts):
-            ours, t_ours = timed(lambda: generate(engine, ids, params, eos_ids=()))
+            ours, t_ours = timed(lambda: generate(LocalVerifier(engine).open(ids, params)))
             theirs, t_hf = timed(lambda: hf_generate(hf, ids, new_tokens))
             mismatches += ours.token_ids != theirs
             engine_s.append(new_tokens / t_ours)
@@ -91,15 +92,15 @@ def verify_cost(engine: Engine, context: list[int], reps: int) -> list[dict]:
 def oracle_curve(engine: Engine, prompts: list[list[int]], new_tokens: int, reps: int) -> list[dict]:
     """Speedup over plain decoding when every draft is the true continuation, by draft depth."""
     params = SamplingParams(max_new_tokens=new_tokens)
-    references = [generate(engine, ids, params, eos_ids=()).token_ids for ids in prompts]
+    references = [generate(LocalVerifier(engine).open(ids, params)).token_ids for ids in prompts]
     speedups: dict[int, list[float]] = {d: [] for d in ORACLE_DEPTHS}
     accepted: dict[int, list[float]] = {d: [] for d in ORACLE_DEPTHS}
     for rep in range(reps):
         for ids, ref in zip(prompts, references):
-            plain, t_plain = timed(lambda: generate(engine, ids, params, eos_ids=()))
+            plain, t_plain = timed(lambda: generate(LocalVerifier(engine).open(ids, params)))
             for d in ORACLE_DEPTHS:
-                spec, t_spec = timed(lambda: generate(engine, ids, params, eos_ids=(),
-                                                      draft=OracleDrafter(ids + ref, d)))
+                spec, t_spec = timed(lambda: generate(LocalVerifier(engine).open(ids, params),
+                                                      drafter=OracleDrafter(ids + ref, d)))
                 assert spec.token_ids == ref == plain.token_ids, "oracle drafts changed the greedy output"
                 speedups[d].append(t_plain / t_spec)
                 accepted[d].append(spec.mean_accepted)

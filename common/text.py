@@ -38,3 +38,17 @@ def stop_at_strings(tokenizer, stops: Sequence[str]) -> Callable[[list[int]], in
         return len(output_ids)
 
     return check
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of what decides token ids: the vocabulary with its ids and the special tokens.
+
+    Edge and verifier compare fingerprints before trusting each other's token ids.
+    """
+    import hashlib
+    import json
+
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    payload = json.dumps({"vocab": vocab, "special": sorted(map(str, tokenizer.all_special_tokens)),
+                          "bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

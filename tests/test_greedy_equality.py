@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from specedge.cloud.engine import Engine
-from specedge.cloud.generation import generate
+from specedge.cloud.local import LocalVerifier
 from specedge.common import specbench
 from specedge.common.draft_tree import DraftTree
 from specedge.common.sampling import SamplingParams
 from specedge.common.text import encode_prompt, eos_token_ids
-from specedge.edge.oracle import OracleDrafter
+from specedge.edge.drafter import FunctionDrafter
+from specedge.edge.generation import generate
 
 pytestmark = pytest.mark.real_model
 
@@ -66,7 +67,7 @@ class Drafts:
         return DraftTree(tokens, parents)
 
     def fully_right(self, committed: list[int]) -> DraftTree:
-        return OracleDrafter(self.reference, depth=8)(committed)
+        return DraftTree.chain(self.truth(committed, 8))
 
     def truth(self, committed: list[int], depth: int) -> list[int]:
         n = len(committed)
@@ -126,7 +127,7 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
             proposed += len(tree)
             return tree
 
-        result = generate(engine, ids, GREEDY, eos, draft=counting)
+        result = generate(LocalVerifier(engine).open(ids, GREEDY), eos, FunctionDrafter(counting))
         passes += result.rounds
         if result.token_ids == reference:
             continue

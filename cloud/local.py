@@ -1,0 +1,52 @@
+"""The in-process verifier: an engine behind the same session interface as a remote verifier."""
+
+from __future__ import annotations
+
+import time
+
+from specedge.cloud.engine import Engine, Sequence
+from specedge.common.cost_model import CostModel, CostTracker
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+from specedge.common.session import StepResult
+
+
+class LocalSession:
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, costs: CostTracker) -> None:
+        self.engine = engine
+        self.vocab_size = engine.vocab_size
+        self.prompt_ids, self.params = list(prompt_ids), params
+        self.seq: Sequence | None = engine.add_sequence(prompt_ids, params)
+        self.costs = costs
+        self._prefilled = False
+
+    def step(self, tree: DraftTree) -> StepResult:
+        if self.seq is None:
+            raise RuntimeError("the session is closed")
+        tree.validate(self.vocab_size)
+        start = time.perf_counter()
+        (verdict,) = self.engine.step([(self.seq, tree)])
+        ms = (time.perf_counter() - start) * 1e3
+        if self._prefilled:  # the first pass also prefills the prompt: not a verification cost
+            self.costs.observe(len(tree), ms)
+        self._prefilled = True
+        return StepResult(tokens=verdict.tokens, accepted=verdict.accepted, compute_ms=ms)
+
+    def cost_model(self) -> CostModel:
+        return self.costs.model()
+
+    def close(self) -> None:
+        if self.seq is not None:
+            self.engine.release(self.seq)
+            self.seq = None
+
+
+class LocalVerifier:
+    """Opens sessions on one engine; remembers the measured pass costs across sessions."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.costs = CostTracker()
+
+    def open(self, prompt_ids: list[int], params: SamplingParams) -> LocalSession:
+        return LocalSession(self.engine, prompt_ids, params, self.costs)

@@ -1,0 +1,63 @@
+"""The verifier's cost of one pass as a function of draft-tree tokens, learned from measured passes.
+
+Clients size their trees from it (DESIGN.md: "keep the verifier's cost model explicit and reportable").
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+# Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here
+# (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used until a size has been measured.
+PRIOR_RELATIVE = {0: 1.0, 1: 1.02, 2: 1.05, 4: 1.15, 8: 1.3, 16: 1.75, 32: 2.2, 64: 3.4, 128: 6.0}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Milliseconds of one verification pass by tree tokens, linear between known points."""
+
+    points: tuple[tuple[int, float], ...]  # (tree tokens, ms), increasing tokens, starting at 0
+
+    def ms(self, tree_tokens: int) -> float:
+        sizes = [n for n, _ in self.points]
+        i = bisect.bisect_right(sizes, tree_tokens) - 1
+        if i >= len(self.points) - 1:  # beyond the last point: extend the last segment
+            (n0, t0), (n1, t1) = self.points[-2:] if len(self.points) > 1 else (self.points[0], self.points[0])
+            slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
+            return t1 + slope * (tree_tokens - n1)
+        (n0, t0), (n1, t1) = self.points[i], self.points[i + 1]
+        return t0 + (t1 - t0) * (tree_tokens - n0) / (n1 - n0)
+
+
+class CostTracker:
+    """Exponential moving averages of measured pass times in power-of-two buckets of tree tokens."""
+
+    def __init__(self, base_ms: float = 50.0, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.base_ms = base_ms
+        self.measured: dict[int, float] = {}  # bucket (a key of PRIOR_RELATIVE) -> ms
+
+    @staticmethod
+    def bucket(tree_tokens: int) -> int:
+        sizes = list(PRIOR_RELATIVE)
+        return sizes[min(bisect.bisect_left(sizes, tree_tokens), len(sizes) - 1)]
+
+    def observe(self, tree_tokens: int, ms: float) -> None:
+        b = self.bucket(tree_tokens)
+        old = self.measured.get(b)
+        self.measured[b] = ms if old is None else old + self.alpha * (ms - old)
+
+    def model(self) -> CostModel:
+        """Measured buckets as they are; the others scaled from the prior by the nearest measured one."""
+        if self.measured:
+            smallest = min(self.measured)
+            scale = self.measured[smallest] / PRIOR_RELATIVE[smallest]
+        else:
+            scale = self.base_ms
+        points, last = [], 0.0
+        for n, rel in PRIOR_RELATIVE.items():
+            ms = self.measured.get(n, scale * rel)
+            last = max(last, ms)  # a pass with more tokens never costs less: smooth out noise
+            points.append((n, last))
+        return CostModel(tuple(points))

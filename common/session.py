@@ -1,0 +1,33 @@
+"""What an edge client needs from a verifier, wherever it runs: in this process or across the network."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+
+
+@dataclass
+class StepResult:
+    tokens: list[int]  # newly committed: the accepted draft tokens, then the verifier's bonus token
+    accepted: list[int]  # indices of the accepted tree nodes, root to leaf
+    compute_ms: float  # the verifier's forward pass and acceptance
+    queue_ms: float = 0.0  # waiting for a batch slot on the verifier
+    extra: dict = field(default_factory=dict)
+
+
+class VerifierSession(Protocol):
+    """One generation on a verifier. The first step also prefills the prompt."""
+
+    vocab_size: int
+    prompt_ids: list[int]
+    params: SamplingParams
+
+    def step(self, tree: DraftTree) -> StepResult: ...
+
+    def cost_model(self) -> CostModel: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,142 @@
+"""Long-term datastore: a token corpus and the suffix array of its reversal, memory-mapped from disk.
+
+Reading the corpus backwards turns "the longest suffix of my context that occurs in the corpus" into one
+left-to-right search: each further context token, read from the end, narrows the suffix-array range of
+occurrences, so the deepest non-empty range holds every occurrence of the longest match. The suffix array
+is built by libdivsufsort (`pydivsufsort`). Documents are separated by -1, which no continuation crosses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SEPARATOR = -1
+FORMAT = 1
+_VECTOR_RANGE = 4096  # narrow ranges up to this size with one vectorised search
+
+
+@dataclass(frozen=True)
+class Match:
+    length: int  # context tokens matched
+    count: int  # occurrences in the corpus
+    ends: np.ndarray  # corpus positions of the last matched token, a sample of at most `max_occurrences`
+
+
+class Datastore:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        meta_file = self.path / "meta.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{self.path} is not a specedge datastore (no meta.json); build one with "
+                                    "`specedge index build FILE... -o DIR`")
+        self.meta = json.loads(meta_file.read_text())
+        if self.meta.get("format") != FORMAT:
+            raise ValueError(f"{self.path}: datastore format {self.meta.get('format')} is not {FORMAT}; rebuild it")
+        self.corpus = np.load(self.path / "corpus.npy", mmap_mode="r")
+        self.sa = np.load(self.path / "reversed_sa.npy", mmap_mode="r")
+        if len(self.corpus) != len(self.sa) or len(self.corpus) != self.meta["num_tokens"]:
+            raise ValueError(f"{self.path}: corpus and suffix array sizes disagree; rebuild the datastore")
+        self.n = len(self.corpus)
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        return self.meta["tokenizer"]
+
+    def longest_match(self, context: np.ndarray | list[int], max_len: int = 32, max_occurrences: int = 16,
+                      min_len: int = 2) -> Match | None:
+        """Occurrences of the longest suffix of `context` (at most `max_len` tokens) found in the corpus."""
+        lo, hi, length = 0, self.n, 0
+        context = np.asarray(context)
+        for j in range(min(max_len, len(context))):
+            token = int(context[len(context) - 1 - j])
+            lo2, hi2 = self._narrow(lo, hi, j, token)
+            if lo2 >= hi2:
+                break
+            lo, hi, length = lo2, hi2, j + 1
+        if length < min_len:
+            return None
+        count = hi - lo
+        picks = np.linspace(lo, hi - 1, num=min(count, max_occurrences)).round().astype(np.int64)
+        ends = self.n - 1 - np.asarray(self.sa[picks], dtype=np.int64)
+        return Match(length, count, ends)
+
+    def continuation(self, end: int, depth: int) -> np.ndarray:
+        """Tokens after corpus position `end`, stopping at a document separator."""
+        cont = np.asarray(self.corpus[end + 1 : end + 1 + depth])
+        cut = np.flatnonzero(cont == SEPARATOR)
+        return cont[: cut[0]] if len(cut) else cont
+
+    def _reversed_token(self, i: np.ndarray | int):
+        """Token i of the reversed corpus; -2 past its end (sorts before every token and the separator)."""
+        if isinstance(i, np.ndarray):
+            out = np.full(len(i), -2, dtype=np.int64)
+            inside = i < self.n
+            out[inside] = self.corpus[self.n - 1 - i[inside]]
+            return out
+        return int(self.corpus[self.n - 1 - i]) if i < self.n else -2
+
+    def _narrow(self, lo: int, hi: int, j: int, token: int) -> tuple[int, int]:
+        """The sub-range of suffixes in [lo, hi) (all sharing j tokens) whose token j equals `token`."""
+        if hi - lo <= _VECTOR_RANGE:
+            column = self._reversed_token(np.asarray(self.sa[lo:hi], dtype=np.int64) + j)
+            return lo + int(np.searchsorted(column, token, "left")), lo + int(np.searchsorted(column, token, "right"))
+        key = _Column(self, j)
+        return bisect.bisect_left(key, token, lo, hi), bisect.bisect_right(key, token, lo, hi)
+
+
+class _Column:
+    """Token j of every suffix, in suffix-array order, as a lazy sequence for `bisect`."""
+
+    def __init__(self, store: Datastore, j: int) -> None:
+        self.store, self.j = store, j
+
+    def __getitem__(self, k: int) -> int:
+        return self.store._reversed_token(int(self.store.sa[k]) + self.j)
+
+    def __len__(self) -> int:
+        return self.store.n
+
+
+def build(
+    documents: Iterable[list[int]],
+    out: Path,
+    tokenizer_fingerprint: str,
+    sources: list[str],
+    progress: Callable[[str], None] = lambda msg: None,
+) -> dict:
+    """Write a datastore of the given token documents to `out`; returns its metadata."""
+    import pydivsufsort
+
+    start = time.perf_counter()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)  # until rewritten, the directory is not a datastore
+    parts: list[np.ndarray] = []
+    num_docs = 0
+    for doc in documents:
+        if len(doc):
+            parts += [np.asarray(doc, dtype=np.int32), np.array([SEPARATOR], dtype=np.int32)]
+            num_docs += 1
+    corpus = np.concatenate(parts) if parts else np.array([SEPARATOR], dtype=np.int32)
+    progress(f"{len(corpus):,} tokens from {num_docs} documents; sorting suffixes")
+    t_sort = time.perf_counter()
+    sa = pydivsufsort.divsufsort(np.ascontiguousarray(corpus[::-1]))
+    sort_s = time.perf_counter() - t_sort
+    np.save(out / "corpus.npy", corpus)
+    np.save(out / "reversed_sa.npy", sa.astype(np.int32 if len(corpus) < 2**31 else np.int64))
+    meta = {
+        "format": FORMAT, "num_tokens": int(len(corpus)), "num_documents": num_docs,
+        "tokenizer": tokenizer_fingerprint, "sources": sources,
+        "build_s": round(time.perf_counter() - start, 3), "suffix_sort_s": round(sort_s, 3),
+        "bytes_per_token": round(((out / "corpus.npy").stat().st_size + (out / "reversed_sa.npy").stat().st_size)
+                                 / len(corpus), 3),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=1))  # written last: its presence means complete
+    return meta

@@ -1,0 +1,67 @@
+"""READER-style retrieval drafter: candidates from the context itself (prompt + output so far) and from
+an optional long-term datastore, merged into one frequency-weighted tree, best nodes first."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.session import StepResult
+from specedge.edge.acceptance_model import AcceptanceModel, NodeFeatures
+from specedge.edge.context_index import ContextIndex
+from specedge.edge.datastore import Datastore
+from specedge.edge.drafter import Draft
+from specedge.edge.tree_builder import Candidate, build_draft
+
+RECENCY = 0.97  # weight factor per more recent occurrence of the same match
+
+
+class RetrievalDrafter:
+    def __init__(
+        self,
+        datastore: Datastore | None = None,
+        max_nodes: int = 64,
+        max_depth: int = 16,
+        occurrences: int = 32,
+        model: AcceptanceModel | None = None,
+    ) -> None:
+        self.datastore = datastore
+        self.max_nodes, self.max_depth, self.occurrences = max_nodes, max_depth, occurrences
+        self.model = model or AcceptanceModel()  # kept across generations: the edge keeps learning
+        self.index = ContextIndex()
+        self._features: list[NodeFeatures] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.index = ContextIndex(prompt_ids)
+
+    def candidates(self) -> list[Candidate]:
+        out = []
+        ends, lengths = self.index.matches(self.occurrences, max_len=64)
+        for rank, (end, m) in enumerate(zip(ends.tolist(), lengths.tolist())):
+            cont = self.index.continuation(end, self.max_depth)
+            out.append(Candidate(cont.tolist(), weight=min(m, 32) ** 2 * RECENCY**rank, match_len=m))
+        if self.datastore is not None:
+            tail = self.index.tokens[max(0, self.index.n - 32) : self.index.n]
+            match = self.datastore.longest_match(tail, max_len=32, max_occurrences=16)
+            if match is not None:
+                weight = min(match.length, 32) ** 2 * min(match.count, 16) / len(match.ends)
+                for end in match.ends.tolist():
+                    cont = self.datastore.continuation(end, self.max_depth)
+                    if len(cont):
+                        out.append(Candidate(cont.tolist(), weight, match.length, long_term=True))
+        return out
+
+    def propose(self) -> Draft:
+        draft, self._features = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)
+        return draft
+
+    def observe(self, tree: DraftTree, result: StepResult) -> None:
+        accepted = set(result.accepted)
+        for i, (parent, f) in enumerate(zip(tree.parents, self._features)):
+            if parent == -1 or parent in accepted:  # reached: its parent was accepted
+                self.model.update(f, i in accepted)
+        self._features = []
+        self.index.append(result.tokens)
+
+    def end(self) -> None:
+        pass

@@ -1,0 +1,101 @@
+"""The retrieval drafter proposes what followed earlier occurrences of the current ending (in the context
+and in the long-term datastore), learns from the verifier's answers, and stays lossless in generation."""
+
+from __future__ import annotations
+
+import pytest
+
+from specedge.cloud.engine import Engine
+from specedge.cloud.local import LocalVerifier
+from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+from specedge.common.session import StepResult
+from specedge.common.tiny_models import tiny_llama
+from specedge.edge import datastore
+from specedge.edge.controller import TreeSizeController
+from specedge.edge.drafter import Draft
+from specedge.edge.generation import generate
+from specedge.edge.retrieval import RetrievalDrafter
+
+SENTENCE = [10, 11, 12, 13, 14, 15, 16, 17]
+
+
+def best_chain(draft: Draft) -> list[int]:
+    """The tokens of the draft's first root-to-leaf path in best-first order."""
+    tree, path, node = draft.tree, [], -1
+    while True:
+        kids = tree.children()[node + 1]
+        if not kids:
+            return path
+        node = kids[0]
+        path.append(tree.tokens[node])
+
+
+def test_drafts_continue_an_earlier_occurrence_of_the_ending():
+    drafter = RetrievalDrafter()
+    drafter.begin([1, 2] + SENTENCE + [3, 4] + SENTENCE[:3])
+    assert best_chain(drafter.propose())[:5] == SENTENCE[3:8]
+
+
+def test_the_most_frequent_continuation_ranks_first():
+    drafter = RetrievalDrafter()
+    drafter.begin([5, 6, 7, 0, 5, 6, 8, 0, 5, 6, 7, 0, 9, 5, 6])
+    draft = drafter.propose()
+    assert draft.tree.tokens[0] == 7 and draft.tree.parents[0] == -1
+    assert 8 in [draft.tree.tokens[c] for c in draft.tree.children()[0]]  # the rarer one is a sibling
+
+
+def test_nothing_to_match_gives_an_empty_draft():
+    drafter = RetrievalDrafter()
+    drafter.begin([1, 2, 3, 4, 5])
+    assert len(drafter.propose().tree) == 0
+
+
+def test_observed_tokens_are_indexed_and_answers_update_the_model():
+    drafter = RetrievalDrafter()
+    drafter.begin([1] + SENTENCE + [2])
+    assert len(drafter.propose().tree) == 0
+    drafter.observe(DraftTree.empty(), StepResult(tokens=SENTENCE[:2], accepted=[], compute_ms=1.0))
+    draft = drafter.propose()
+    assert best_chain(draft)[:3] == SENTENCE[2:5]
+    sent = draft.first(3)
+    before = draft.accept_probs[0]
+    drafter.observe(sent, StepResult(tokens=SENTENCE[2:4] + [99], accepted=[0, 1], compute_ms=1.0))
+    assert len(drafter.index) == 1 + len(SENTENCE) + 1 + 2 + 3
+    drafter.begin([1] + SENTENCE + [2] + SENTENCE[:2])  # the same situation again: more confident now
+    assert drafter.propose().accept_probs[0] > before
+
+
+def test_the_long_term_datastore_supplies_continuations_the_context_lacks(tmp_path):
+    datastore.build([[40, 41, 42, 43, 44, 45], [7, 7, 7]], tmp_path, "fp", ["doc"])
+    drafter = RetrievalDrafter(datastore=datastore.Datastore(tmp_path))
+    drafter.begin([1, 2, 40, 41, 42])
+    draft = drafter.propose()
+    assert best_chain(draft) == [43, 44, 45]  # and not past the end of the document
+
+
+def test_the_controller_sends_nothing_for_weak_drafts_and_more_for_strong_ones():
+    cost = CostModel(((0, 50.0), (4, 68.0), (16, 110.0), (64, 250.0)))  # as measured on this CPU
+    tree = DraftTree.chain(list(range(20)))
+    controller = TreeSizeController(max_nodes=16)
+    assert controller.choose(Draft(tree, [0.05 * 0.5**i for i in range(20)]), cost, remaining=100) == 0
+    strong = controller.choose(Draft(tree, [0.95**i for i in range(1, 21)]), cost, remaining=100)
+    assert 4 <= strong <= 16
+    assert controller.choose(Draft(tree, [0.95**i for i in range(1, 21)]), cost, remaining=2) <= 2
+    assert controller.choose(Draft(tree, None), cost, remaining=100) == 16  # no estimates: the drafter's size
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_generation_with_retrieval_drafts_equals_plain_decoding(seed):
+    hf = tiny_llama(vocab_size=64, seed=seed)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=8 << 20, block_size=4)
+    verifier = LocalVerifier(engine)
+    prompt = [3, 4, 5, 6, 7, 8] * 6 + [3, 4]  # repetitive, so retrieval has plenty to propose
+    params = SamplingParams(max_new_tokens=40)
+    plain = generate(verifier.open(prompt, params))
+    drafter = RetrievalDrafter()
+    spec = generate(verifier.open(prompt, params), drafter=drafter, controller=TreeSizeController())
+    assert spec.token_ids == plain.token_ids
+    assert sum(spec.tree_sizes) > 0  # drafts were really sent
+    assert engine.pool.stats().used == 0
