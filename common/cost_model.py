@@ -9,8 +9,8 @@ import bisect
 from dataclasses import dataclass
 
 # Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here
-# (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used until a size has been measured.
-PRIOR_RELATIVE = {0: 1.0, 1: 1.02, 2: 1.05, 4: 1.15, 8: 1.3, 16: 1.75, 32: 2.2, 64: 3.4, 128: 6.0}
+# (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used for sizes not measured yet.
+PRIOR_RELATIVE = {0: 1.0, 1: 1.0, 2: 1.01, 4: 1.37, 8: 1.73, 16: 2.23, 32: 3.07, 64: 4.93, 128: 8.64}
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-MATCH_BUCKETS = [2, 3, 4, 6, 9, 17]  # lower bounds of the match-length buckets
-BASE = [0.25, 0.4, 0.5, 0.6, 0.7, 0.8]  # prior acceptance of a sole continuation, per match bucket
+MATCH_BUCKETS = [1, 2, 3, 4, 6, 9, 17]  # lower bounds of the match-length buckets
+BASE = [0.15, 0.25, 0.4, 0.5, 0.6, 0.7, 0.8]  # prior acceptance of a sole continuation, per match bucket
 DEPTH_BUCKETS = [1, 2, 3, 5, 9]
 SHARE_BUCKETS = [0.0, 0.25, 0.5, 0.75, 0.95]
 PRIOR_WEIGHT = 4.0

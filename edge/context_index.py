@@ -1,24 +1,26 @@
 """Short-term index over the prompt and the generated text: where did the text's current ending occur before?
 
-Hash chains over the bigrams of the text (the scheme zlib uses to find earlier matches): `head` maps a
-bigram to its latest end position, `prev[i]` links position i to the previous end of the same bigram.
-Appending a token is O(1); indexing a long prompt is one vectorised sort. A query walks the chain of the
-text's last bigram (most recent occurrences first) and measures each occurrence's full match length
-backwards in one vectorised comparison.
+Hash chains (the scheme zlib uses to find earlier matches), one set keyed by the last token and one by
+the last two: `head[k]` maps a key to its latest end position, `prev[k][i]` links position i to the
+previous end of the same key. Appending a token is O(1); indexing a long prompt is one vectorised sort
+per key size. A query walks the bigram chain (selective, finds long matches far back), then the unigram
+chain for more candidates (a copy often starts right after a token the model produced fresh), and
+measures every occurrence's full match length backwards in one vectorised comparison.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-KEY = 2  # tokens per chain key: the shortest match the index can report
+KEYS = (1, 2)  # tokens per chain key
 
 
 class ContextIndex:
     def __init__(self, tokens: list[int] | np.ndarray = ()) -> None:
-        self.tokens = np.zeros(max(1024, 2 * len(tokens)), dtype=np.int64)
-        self.prev = np.full(len(self.tokens), -1, dtype=np.int64)
-        self.head: dict[int, int] = {}
+        capacity = max(1024, 2 * len(tokens))
+        self.tokens = np.zeros(capacity, dtype=np.int64)
+        self.prev = {k: np.full(capacity, -1, dtype=np.int64) for k in KEYS}
+        self.head: dict[int, dict[int, int]] = {k: {} for k in KEYS}
         self.n = 0
         self._bulk_append(np.asarray(tokens, dtype=np.int64))
 
@@ -34,26 +36,37 @@ class ContextIndex:
             i = self.n
             self.tokens[i] = t
             self.n += 1
-            if i >= KEY - 1:
-                key = self._key_at(i)
-                self.prev[i] = self.head.get(key, -1)
-                self.head[key] = i
+            for k in KEYS:
+                if i >= k - 1:
+                    key = self._key_at(i, k)
+                    self.prev[k][i] = self.head[k].get(key, -1)
+                    self.head[k][key] = i
 
-    def matches(self, max_occurrences: int = 32, max_len: int = 64) -> tuple[np.ndarray, np.ndarray]:
-        """Earlier occurrences of the text's ending: (end positions, match lengths), most recent first.
+    def matches(self, max_occurrences: int = 32, max_len: int = 64, min_len: int = 1
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Earlier occurrences of the text's ending: (end positions, match lengths).
 
         An occurrence ending at position p matches the last m tokens of the text: tokens[p - m + 1 : p + 1]
-        equals tokens[n - m : n], with m >= KEY, capped at `max_len`. Only p < n - 1 are returned, so every
-        occurrence has at least one token after it.
+        equals tokens[n - m : n], with m >= `min_len`, capped at `max_len`. Only p < n - 1 are returned, so
+        every occurrence has at least one token after it. At most `max_occurrences` from each chain, most
+        recent first: those of the bigram chain (m >= 2), then further ones of the unigram chain (m = 1).
         """
         last = self.n - 1
-        if last < KEY:
+        if last < 1:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        ends = []
-        p = self.prev[last]
-        while p >= 0 and len(ends) < max_occurrences:
-            ends.append(p)
-            p = self.prev[p]
+        ends: list[int] = []
+        seen: set[int] = set()
+        for k in sorted(KEYS, reverse=True):
+            if k < min_len:
+                break
+            p = self.prev[k][last] if last >= k - 1 else -1
+            taken = steps = 0
+            while p >= 0 and taken < max_occurrences and steps < 4 * max_occurrences:
+                if p not in seen:  # the bigram chain's finds are on the unigram chain too
+                    ends.append(p)
+                    seen.add(p)
+                    taken += 1
+                p, steps = self.prev[k][p], steps + 1
         ends = np.asarray(ends, dtype=np.int64)
         if len(ends) == 0:
             return ends, ends
@@ -64,7 +77,7 @@ class ContextIndex:
         valid = before >= 0
         same = valid & (self.tokens[np.where(valid, before, 0)] == self.tokens[last - offsets][None, :])
         lengths = np.where(same.all(axis=1), depth, np.argmin(same, axis=1))
-        keep = lengths >= KEY  # a bigram hash chain can only link equal bigrams, but be safe
+        keep = lengths >= min_len
         return ends[keep], lengths[keep]
 
     def continuation(self, end: int, depth: int) -> np.ndarray:
@@ -73,29 +86,35 @@ class ContextIndex:
 
     # ---- internals -------------------------------------------------------------------------------
 
-    def _key_at(self, i: int) -> int:
-        return int(self.tokens[i - 1]) << 32 | int(self.tokens[i])
+    def _key_at(self, i: int, k: int) -> int:
+        return int(self.tokens[i]) if k == 1 else int(self.tokens[i - 1]) << 32 | int(self.tokens[i])
 
     def _reserve(self, size: int) -> None:
         if size <= len(self.tokens):
             return
         capacity = max(size, 2 * len(self.tokens))
-        self.tokens = np.concatenate([self.tokens, np.zeros(capacity - len(self.tokens), dtype=np.int64)])
-        self.prev = np.concatenate([self.prev, np.full(capacity - len(self.prev), -1, dtype=np.int64)])
+        grow = capacity - len(self.tokens)
+        self.tokens = np.concatenate([self.tokens, np.zeros(grow, dtype=np.int64)])
+        for k in KEYS:
+            self.prev[k] = np.concatenate([self.prev[k], np.full(grow, -1, dtype=np.int64)])
 
     def _bulk_append(self, new: np.ndarray) -> None:
-        """Append many tokens at once: chain every new bigram with one stable sort."""
+        """Append many tokens at once: chain every new key with one stable sort per key size."""
         if len(new) == 0:
             return
         start = self.n
         self._reserve(start + len(new))
         self.tokens[start : start + len(new)] = new
         self.n += len(new)
-        first = max(start, KEY - 1)
-        if first >= self.n:
-            return
-        ends = np.arange(first, self.n)
-        keys = self.tokens[ends - 1] << 32 | self.tokens[ends]
+        for k in KEYS:
+            first = max(start, k - 1)
+            if first < self.n:
+                ends = np.arange(first, self.n)
+                keys = self.tokens[ends] if k == 1 else self.tokens[ends - 1] << 32 | self.tokens[ends]
+                self._chain(k, keys, ends)
+
+    def _chain(self, k: int, keys: np.ndarray, ends: np.ndarray) -> None:
+        prev, head = self.prev[k], self.head[k]
         order = np.argsort(keys, kind="stable")
         sorted_keys, sorted_ends = keys[order], ends[order]
         same_as_before = np.empty(len(order), dtype=bool)
@@ -103,11 +122,10 @@ class ContextIndex:
         same_as_before[1:] = sorted_keys[1:] == sorted_keys[:-1]
         # Within a run of equal keys, each end's predecessor is the previous end in the run; the first
         # end of a run links to the key's head from before this append.
-        self.prev[sorted_ends[1:][same_as_before[1:]]] = sorted_ends[:-1][same_as_before[1:]]
+        prev[sorted_ends[1:][same_as_before[1:]]] = sorted_ends[:-1][same_as_before[1:]]
         run_starts = np.flatnonzero(~same_as_before)
         run_ends = np.append(run_starts[1:], len(order)) - 1
-        head = self.head
-        for k, s, e in zip(sorted_keys[run_starts].tolist(), sorted_ends[run_starts].tolist(),
-                           sorted_ends[run_ends].tolist()):
-            self.prev[s] = head.get(k, -1)
-            head[k] = e
+        for key, s, e in zip(sorted_keys[run_starts].tolist(), sorted_ends[run_starts].tolist(),
+                             sorted_ends[run_ends].tolist()):
+            prev[s] = head.get(key, -1)
+            head[key] = e

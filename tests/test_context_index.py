@@ -11,15 +11,15 @@ import pytest
 from specedge.edge.context_index import ContextIndex
 
 
-def brute_force_matches(tokens: list[int], max_len: int) -> dict[int, int]:
-    """end position -> match length (>= 2) of every earlier occurrence of the text's ending."""
+def brute_force_matches(tokens: list[int], max_len: int, min_len: int = 1) -> dict[int, int]:
+    """end position -> match length (>= min_len) of every earlier occurrence of the text's ending."""
     n = len(tokens)
     out = {}
     for p in range(n - 1):
         m = 0
         while m < max_len and p - m >= 0 and tokens[p - m] == tokens[n - 1 - m]:
             m += 1
-        if m >= 2:
+        if m >= min_len:
             out[p] = m
     return out
 
@@ -39,7 +39,8 @@ def test_incremental_appends_equal_one_bulk_build(seed):
         inc.append(tokens[len(inc) : len(inc) + k])
     n = len(tokens)
     assert inc.tokens[:n].tolist() == bulk.tokens[:n].tolist() == tokens
-    assert inc.prev[:n].tolist() == bulk.prev[:n].tolist()
+    for k in (1, 2):
+        assert inc.prev[k][:n].tolist() == bulk.prev[k][:n].tolist()
     assert inc.head == bulk.head
 
 
@@ -49,36 +50,42 @@ def test_matches_are_every_earlier_occurrence_with_its_true_length(seed):
     tokens = random_text(rng, rng.randint(2, 300), alphabet=rng.choice([2, 3, 8]))
     index = ContextIndex(tokens[:10])
     index.append(tokens[10:])
-    ends, lengths = index.matches(max_occurrences=10_000, max_len=12)
-    want = brute_force_matches(tokens, max_len=12)
-    assert dict(zip(ends.tolist(), lengths.tolist())) == want
-    assert ends.tolist() == sorted(want, reverse=True)  # most recent first
+    for min_len in (1, 2):
+        ends, lengths = index.matches(max_occurrences=10_000, max_len=12, min_len=min_len)
+        want = brute_force_matches(tokens, max_len=12, min_len=min_len)
+        assert dict(zip(ends.tolist(), lengths.tolist())) == want
+        longer = [p for p in ends.tolist() if want[p] >= 2]
+        assert longer == sorted(longer, reverse=True)  # the bigram chain's finds, most recent first
+        assert ends.tolist()[: len(longer)] == longer  # come before the unigram chain's
 
 
 def test_matches_are_capped_to_the_most_recent_occurrences():
-    index = ContextIndex([1, 2] * 50)
+    index = ContextIndex([1, 2] * 50 + [3])
+    index.append([1, 2])
     ends, lengths = index.matches(max_occurrences=5, max_len=8)
-    assert ends.tolist() == [97, 95, 93, 91, 89]
-    assert lengths.tolist() == [8] * 5
+    assert ends.tolist()[:5] == [99, 97, 95, 93, 91]  # the bigram (1, 2): match length 2, then 3 before
+    assert lengths.tolist()[:5] == [2] * 5
+    assert ends.tolist()[5:] == [89, 87, 85, 83, 81]  # up to 5 more, new ones, from the unigram chain
 
 
 def test_continuations_never_pass_the_end_of_the_text():
     index = ContextIndex([7, 8, 9, 7, 8])
-    ends, lengths = index.matches()
+    ends, lengths = index.matches(min_len=2)
     assert ends.tolist() == [1] and lengths.tolist() == [2]
     assert index.continuation(1, depth=10).tolist() == [9, 7, 8]
 
 
 def test_short_texts_have_no_matches():
-    for tokens in ([], [1], [1, 1]):
+    for tokens in ([], [1], [1, 2]):
         ends, _ = ContextIndex(tokens).matches()
         assert len(ends) == 0
+    assert ContextIndex([1, 1]).matches()[0].tolist() == [0]  # a unigram match
 
 
 def test_large_vocabulary_ids_do_not_collide():
     big = 262_143
     index = ContextIndex([big, 1, 5, 1, big])
     index.append([1])
-    ends, lengths = index.matches()
+    ends, lengths = index.matches(min_len=2)
     assert ends.tolist() == [1] and lengths.tolist() == [2]
     assert np.issubdtype(index.tokens.dtype, np.integer)

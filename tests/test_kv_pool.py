@@ -15,8 +15,8 @@ BLOCK = 4
 
 
 def make_pool(num_blocks: int) -> KVBlockPool:
-    probe = KVBlockPool(1 << 30, BLOCK, num_layers=2, num_kv_heads=1, head_dim=2)
-    return KVBlockPool(num_blocks * probe.bytes_per_block, BLOCK, num_layers=2, num_kv_heads=1, head_dim=2)
+    block = KVBlockPool.block_bytes(BLOCK, num_layers=2, num_kv_heads=1, head_dim=2)
+    return KVBlockPool(num_blocks * block, BLOCK, num_layers=2, num_kv_heads=1, head_dim=2)
 
 
 def check_invariants(pool: KVBlockPool) -> None:
@@ -152,3 +152,19 @@ def test_random_session_histories_keep_the_books_straight_and_leak_nothing(seed)
         pool.close(seq_id)
     check_invariants(pool)
     assert pool.stats().used == 0
+
+
+def test_drop_cached_frees_unreferenced_prefixes_and_keeps_used_ones():
+    pool = make_pool(8)
+    for seq_id, first in ((1, 100), (2, 200)):
+        prompt = [first, 1, 2, 3, 4]
+        pool.open(seq_id, prompt)
+        pool.reserve(seq_id, 5)
+        pool.commit(seq_id, prompt)
+    pool.close(1)
+    assert pool.stats().cached == 1
+    assert pool.drop_cached() == 1
+    assert pool.stats().cached == 0 and pool.stats().used == 2
+    assert pool.open(3, [100, 1, 2, 3, 9]) == 0  # sequence 1's prefix is gone
+    assert pool.open(4, [200, 1, 2, 3, 9]) == 4  # sequence 2's is still in use and shared
+    check_invariants(pool)
