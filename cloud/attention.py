@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 import torch
@@ -22,17 +21,42 @@ class SeqSlice:
     mask: torch.Tensor | None  # [n, C] bool, None when every row may see every slot
     query_pos: torch.Tensor  # [n]
     key_pos: torch.Tensor  # [C]
-    _window_masks: dict[int, torch.Tensor | None] = field(default_factory=dict)
+    _bias: dict[tuple[int | None, int], torch.Tensor | None] = field(default_factory=dict)
 
-    def window_mask(self, window: int) -> torch.Tensor | None:
-        """The mask restricted to keys less than `window` positions behind the query."""
-        if window not in self._window_masks:
-            near = (self.query_pos[:, None] - self.key_pos[None, :]) < window
-            if bool(near.all()):
-                self._window_masks[window] = self.mask
+    def __post_init__(self) -> None:
+        # A sequence's blocks are often consecutive in the pool; then its context is a view, not a gather.
+        first = int(self.ctx_slots[0])
+        contiguous = int(self.ctx_slots[-1]) - first == len(self.ctx_slots) - 1 and bool(
+            (self.ctx_slots.diff() == 1).all())
+        self.ctx_range = (first, first + len(self.ctx_slots)) if contiguous else None
+
+    def context(self, cache: torch.Tensor) -> torch.Tensor:
+        """This sequence's context rows [C, KVH, D] of one layer's K or V."""
+        if self.ctx_range is not None:
+            return cache[self.ctx_range[0] : self.ctx_range[1]]
+        return cache.index_select(0, self.ctx_slots)  # ~3x faster than advanced indexing on the CPU
+
+    def window_mask(self, window: int | None) -> torch.Tensor | None:
+        """The mask, restricted to keys less than `window` positions behind the query (None = no window)."""
+        if window is None:
+            return self.mask
+        near = (self.query_pos[:, None] - self.key_pos[None, :]) < window
+        if bool(near.all()):
+            return self.mask
+        return near if self.mask is None else near & self.mask
+
+    def attention_bias(self, window: int | None, group: int) -> torch.Tensor | None:
+        """The mask as an additive bias [group * n, C] (0 or -inf), rows repeated for each query head of a
+        kv group, so that masking costs nothing beyond the score matmul (`baddbmm`)."""
+        key = (window, group)
+        if key not in self._bias:
+            mask = self.window_mask(window)
+            if mask is None:
+                self._bias[key] = None
             else:
-                self._window_masks[window] = near if self.mask is None else near & self.mask
-        return self._window_masks[window]
+                bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, -math.inf)
+                self._bias[key] = bias.repeat(group, 1)
+        return self._bias[key]
 
 
 @dataclass
@@ -60,20 +84,21 @@ def paged_attention(
     pool.k[layer, batch.new_slots] = k
     pool.v[layer, batch.new_slots] = v
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
+    group = q.shape[1] // k.shape[1]
     for s in batch.seqs:
-        # index_select: ~3x faster than advanced indexing for this gather on the CPU.
-        keys = pool.k[layer].index_select(0, s.ctx_slots).transpose(0, 1)  # [KVH, C, D]
-        values = pool.v[layer].index_select(0, s.ctx_slots).transpose(0, 1)
-        mask = s.mask if window is None else s.window_mask(window)
-        out[s.start : s.end] = grouped_attention(q[s.start : s.end], keys, values, mask, scale)
+        keys = s.context(pool.k[layer]).transpose(0, 1)  # [KVH, C, D]
+        values = s.context(pool.v[layer]).transpose(0, 1)
+        out[s.start : s.end] = grouped_attention(q[s.start : s.end], keys, values, s.attention_bias(window, group),
+                                                 scale)
     return out
 
 
 def grouped_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """q [n, H, D] over keys/values [KVH, C, D] (query head h reads kv head h // (H / KVH)) -> [n, H*D].
 
+    `bias` [group * n, C] is added to the scores (0 = visible, -inf = masked), None when all is visible.
     The query heads of a group are stacked so each kv head is read once, without repeating K/V. Measured
     here on SmolLM2 shapes (C = 500): 0.11 ms for one query and 0.6 ms for 16, against 1.2 and 1.9 ms for
     `F.scaled_dot_product_attention(..., enable_gqa=True)`, whose CPU path copies K/V per query head.
@@ -82,13 +107,16 @@ def grouped_attention(
     num_kv_heads, ctx = keys.shape[0], keys.shape[1]
     group = num_heads // num_kv_heads
     if n * ctx > _SDPA_FROM:  # long prefill: let SDPA avoid materialising every score
+        mask = None if bias is None else bias[:n] == 0
         o = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask, scale=scale,
                                            enable_gqa=True)
         return o.transpose(0, 1).reshape(n, num_heads * head_dim)
     qg = q.view(n, num_kv_heads, group, head_dim).permute(1, 2, 0, 3).reshape(num_kv_heads, group * n, head_dim)
-    scores = torch.matmul(qg, keys.transpose(1, 2)).mul_(scale)
-    if mask is not None:
-        scores = scores.view(num_kv_heads, group, n, ctx).masked_fill_(~mask, -math.inf).view(num_kv_heads, -1, ctx)
+    if bias is None:
+        scores = torch.matmul(qg, keys.transpose(1, 2)).mul_(scale)
+    else:
+        bias = bias.to(qg.dtype).expand(num_kv_heads, -1, -1)
+        scores = torch.baddbmm(bias, qg, keys.transpose(1, 2), alpha=scale)
     o = torch.matmul(scores.softmax(dim=-1), values)  # [KVH, group * n, D]
     return o.view(num_kv_heads, group, n, head_dim).permute(2, 0, 1, 3).reshape(n, num_heads * head_dim)
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 # Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here
 # (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used for sizes not measured yet.
-PRIOR_RELATIVE = {0: 1.0, 1: 1.0, 2: 1.01, 4: 1.37, 8: 1.73, 16: 2.23, 32: 3.07, 64: 4.93, 128: 8.64}
+PRIOR_RELATIVE = {0: 1.0, 1: 1.03, 2: 1.03, 3: 1.05, 4: 1.27, 6: 1.37, 8: 1.49, 12: 1.68, 16: 1.97, 24: 2.38,
+                  32: 2.8, 64: 4.4, 128: 7.8}
 
 
 @dataclass(frozen=True)

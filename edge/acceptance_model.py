@@ -24,6 +24,7 @@ class NodeFeatures:
     match_len: int
     depth: int
     share: float  # the node's weight over its parent's: its part of the evidence at the parent
+    support: int = 1  # candidates (occurrences) through the node
 
     def cell(self) -> tuple[bool, int, int, int]:
         return (

@@ -29,6 +29,7 @@ class Candidate:
 @dataclass
 class _TrieNode:
     weight: float = 0.0
+    support: int = 0
     match_len: int = 0
     short_term: bool = False
     children: dict[int, _TrieNode] = field(default_factory=dict)
@@ -45,6 +46,7 @@ def build_draft(
         for token in c.tokens[:max_depth]:
             node = node.children.setdefault(token, _TrieNode())
             node.weight += c.weight
+            node.support += 1
             node.match_len = max(node.match_len, c.match_len)
             node.short_term |= not c.long_term
 
@@ -57,7 +59,7 @@ def build_draft(
         if depth > max_depth:
             return
         for token, child in parent.children.items():
-            f = NodeFeatures(not child.short_term, child.match_len, depth, child.weight / parent.weight)
+            f = NodeFeatures(not child.short_term, child.match_len, depth, child.weight / parent.weight, child.support)
             p = parent_prob * model.prob(f)
             heapq.heappush(heap, (-p, tie, parent_index, token, child, f))
             tie += 1
