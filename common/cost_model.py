@@ -8,6 +8,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+import numpy as np
+
 # Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here
 # (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used for sizes not measured yet.
 PRIOR_RELATIVE = {0: 1.0, 1: 1.03, 2: 1.03, 3: 1.05, 4: 1.27, 6: 1.37, 8: 1.49, 12: 1.68, 16: 1.97, 24: 2.38,
@@ -21,14 +23,19 @@ class CostModel:
     points: tuple[tuple[int, float], ...]  # (tree tokens, ms), increasing tokens, starting at 0
 
     def ms(self, tree_tokens: int) -> float:
-        sizes = [n for n, _ in self.points]
-        i = bisect.bisect_right(sizes, tree_tokens) - 1
-        if i >= len(self.points) - 1:  # beyond the last point: extend the last segment
-            (n0, t0), (n1, t1) = self.points[-2:] if len(self.points) > 1 else (self.points[0], self.points[0])
-            slope = (t1 - t0) / (n1 - n0) if n1 > n0 else 0.0
-            return t1 + slope * (tree_tokens - n1)
-        (n0, t0), (n1, t1) = self.points[i], self.points[i + 1]
-        return t0 + (t1 - t0) * (tree_tokens - n0) / (n1 - n0)
+        return float(self.table(tree_tokens)[-1])
+
+    def table(self, max_tokens: int) -> np.ndarray:
+        """Milliseconds for 0, 1, ..., max_tokens tree tokens (the last segment extends past the last point)."""
+        sizes = np.array([n for n, _ in self.points], dtype=np.float64)
+        times = np.array([t for _, t in self.points], dtype=np.float64)
+        n = np.arange(max_tokens + 1, dtype=np.float64)
+        out = np.interp(n, sizes, times)
+        if len(sizes) > 1 and max_tokens > sizes[-1]:
+            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+            beyond = n > sizes[-1]
+            out[beyond] = times[-1] + slope * (n[beyond] - sizes[-1])
+        return out
 
 
 class CostTracker:

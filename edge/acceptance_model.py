@@ -8,44 +8,52 @@ every answer sharpens it. This is what lets the controller skip drafting where m
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 
-MATCH_BUCKETS = [1, 2, 3, 4, 6, 9, 17]  # lower bounds of the match-length buckets
-BASE = [0.15, 0.25, 0.4, 0.5, 0.6, 0.7, 0.8]  # prior acceptance of a sole continuation, per match bucket
-DEPTH_BUCKETS = [1, 2, 3, 5, 9]
-SHARE_BUCKETS = [0.0, 0.25, 0.5, 0.75, 0.95]
+import numpy as np
+
+MATCH_BUCKETS = np.array([1, 2, 3, 4, 6, 9, 17])  # lower bounds of the match-length buckets
+BASE = np.array([0.15, 0.25, 0.4, 0.5, 0.6, 0.7, 0.8])  # prior acceptance of a sole continuation, per bucket
+DEPTH_BUCKETS = np.array([1, 2, 3, 5, 9])
+SHARE_BUCKETS = np.array([0.0, 0.25, 0.5, 0.75, 0.95])
 PRIOR_WEIGHT = 4.0
+SHAPE = (2, len(MATCH_BUCKETS), len(DEPTH_BUCKETS), len(SHARE_BUCKETS))
 
 
-@dataclass(frozen=True)
-class NodeFeatures:
-    long_term: bool  # supported only by the long-term datastore
-    match_len: int
-    depth: int
-    share: float  # the node's weight over its parent's: its part of the evidence at the parent
-    support: int = 1  # candidates (occurrences) through the node
+@dataclass
+class NodeStats:
+    """Per-node evidence, one array entry per node."""
 
-    def cell(self) -> tuple[bool, int, int, int]:
-        return (
-            self.long_term,
-            bisect.bisect_right(MATCH_BUCKETS, self.match_len) - 1,
-            bisect.bisect_right(DEPTH_BUCKETS, self.depth) - 1,
-            bisect.bisect_right(SHARE_BUCKETS, self.share) - 1,
-        )
+    long_term: np.ndarray  # bool: supported only by the long-term datastore
+    match_len: np.ndarray  # longest context match among the node's candidates
+    depth: np.ndarray  # 1 for the root's children
+    share: np.ndarray  # the node's weight over its parent's: its part of the evidence at the parent
+    support: np.ndarray  # candidates (occurrences) through the node
+
+    def cells(self) -> np.ndarray:
+        """Flat index of each node's cell in the model's tables."""
+        b = lambda edges, x: np.searchsorted(edges, x, side="right") - 1  # noqa: E731
+        return np.ravel_multi_index((self.long_term.astype(np.int64), np.maximum(b(MATCH_BUCKETS, self.match_len), 0),
+                                     b(DEPTH_BUCKETS, self.depth), b(SHARE_BUCKETS, self.share)), SHAPE)
+
+    def take(self, index: np.ndarray) -> NodeStats:
+        return NodeStats(self.long_term[index], self.match_len[index], self.depth[index], self.share[index],
+                         self.support[index])
 
 
 class AcceptanceModel:
     def __init__(self) -> None:
-        self.counts: dict[tuple, list[float]] = {}  # cell -> [accepted, reached]
+        self.accepted = np.zeros(int(np.prod(SHAPE)))
+        self.reached = np.zeros(int(np.prod(SHAPE)))
 
-    def prob(self, f: NodeFeatures) -> float:
-        cell = f.cell()
-        prior = f.share * BASE[max(cell[1], 0)]
-        accepted, reached = self.counts.get(cell, (0.0, 0.0))
-        return (accepted + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+    def probs(self, stats: NodeStats) -> np.ndarray:
+        """P(node accepted | its parent accepted), per node."""
+        cells = stats.cells()
+        match_bucket = np.unravel_index(cells, SHAPE)[1]
+        prior = stats.share * BASE[match_bucket]
+        return (self.accepted[cells] + PRIOR_WEIGHT * prior) / (self.reached[cells] + PRIOR_WEIGHT)
 
-    def update(self, f: NodeFeatures, accepted: bool) -> None:
-        c = self.counts.setdefault(f.cell(), [0.0, 0.0])
-        c[0] += accepted
-        c[1] += 1
+    def update(self, cells: np.ndarray, accepted: np.ndarray) -> None:
+        """Reached nodes' cells and whether each was accepted."""
+        np.add.at(self.reached, cells, 1.0)
+        np.add.at(self.accepted, cells, accepted.astype(np.float64))

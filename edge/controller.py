@@ -3,6 +3,8 @@ tokens per second, given the verifier's cost model and the time a round costs be
 
 from __future__ import annotations
 
+import numpy as np
+
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
@@ -18,14 +20,10 @@ class TreeSizeController:
         """Number of leading draft nodes to send (0 = just let the verifier decode one token)."""
         if draft.accept_probs is None:  # the drafter cannot estimate: trust its own size
             return min(len(draft.tree), self.max_nodes)
-        best_n, best_rate = 0, 1.0 / (cost.ms(0) + self.overhead_ms)
-        expected = 1.0  # the verifier's own token always comes
-        for n, p in enumerate(draft.accept_probs[: self.max_nodes], start=1):
-            expected += p
-            rate = min(expected, remaining) / (cost.ms(n) + self.overhead_ms)
-            if rate > best_rate:
-                best_n, best_rate = n, rate
-        return best_n
+        probs = np.asarray(draft.accept_probs[: self.max_nodes], dtype=np.float64)
+        expected = np.minimum(1.0 + np.concatenate(([0.0], np.cumsum(probs))), remaining)  # the bonus always comes
+        rate = expected / (cost.table(len(probs)) + self.overhead_ms)
+        return int(np.argmax(rate))  # the smallest of the best sizes
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         pass

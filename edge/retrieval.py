@@ -7,7 +7,7 @@ import numpy as np
 
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
-from specedge.edge.acceptance_model import AcceptanceModel, NodeFeatures
+from specedge.edge.acceptance_model import AcceptanceModel
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
 from specedge.edge.drafter import Draft
@@ -29,7 +29,7 @@ class RetrievalDrafter:
         self.max_nodes, self.max_depth, self.occurrences = max_nodes, max_depth, occurrences
         self.model = model or AcceptanceModel()  # kept across generations: the edge keeps learning
         self.index = ContextIndex()
-        self._features: list[NodeFeatures] = []
+        self._cells = np.zeros(0, dtype=np.int64)  # model cells of the last draft's nodes
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.index = ContextIndex(prompt_ids)
@@ -39,7 +39,7 @@ class RetrievalDrafter:
         ends, lengths = self.index.matches(self.occurrences, max_len=64)
         for rank, (end, m) in enumerate(zip(ends.tolist(), lengths.tolist())):
             cont = self.index.continuation(end, self.max_depth)
-            out.append(Candidate(cont.tolist(), weight=min(m, 32) ** 2 * RECENCY**rank, match_len=m))
+            out.append(Candidate(cont, weight=min(m, 32) ** 2 * RECENCY**rank, match_len=m))
         if self.datastore is not None:
             tail = self.index.tokens[max(0, self.index.n - 32) : self.index.n]
             match = self.datastore.longest_match(tail, max_len=32, max_occurrences=16)
@@ -48,19 +48,23 @@ class RetrievalDrafter:
                 for end in match.ends.tolist():
                     cont = self.datastore.continuation(end, self.max_depth)
                     if len(cont):
-                        out.append(Candidate(cont.tolist(), weight, match.length, long_term=True))
+                        out.append(Candidate(cont, weight, match.length, long_term=True))
         return out
 
     def propose(self) -> Draft:
-        draft, self._features = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)
+        draft, stats = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)
+        self._cells = stats.cells()
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
-        accepted = set(result.accepted)
-        for i, (parent, f) in enumerate(zip(tree.parents, self._features)):
-            if parent == -1 or parent in accepted:  # reached: its parent was accepted
-                self.model.update(f, i in accepted)
-        self._features = []
+        n = len(tree)
+        if n:
+            accepted = np.zeros(n + 1, dtype=bool)  # index i + 1 for node i, 0 for the root
+            accepted[0] = True
+            accepted[np.asarray(result.accepted, dtype=np.int64) + 1] = True
+            reached = accepted[np.asarray(tree.parents, dtype=np.int64) + 1]  # its parent was accepted
+            self.model.update(self._cells[:n][reached], accepted[1:][reached])
+        self._cells = self._cells[:0]
         self.index.append(result.tokens)
 
     def end(self) -> None:

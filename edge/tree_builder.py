@@ -3,73 +3,100 @@
 Candidates sharing a prefix share trie nodes; a node's weight is the sum of its candidates' weights. Each
 node's probability of acceptance given its parent's is estimated by the AcceptanceModel from its share of
 the parent's weight, its match length and depth; a node's path probability is the product down from the
-root, which never grows along a path. Popping nodes by path probability (best first) therefore yields
-parents before children, and the expected accepted length of the first n nodes is the sum of their path
-probabilities, the largest any n-node tree of these candidates can have.
+root, which never grows along a path. Taking nodes by path probability (best first, shallower first on
+ties) therefore yields parents before children, and the expected accepted length of the first n nodes is
+the sum of their path probabilities, the largest any n-node tree of these candidates can have.
+
+The trie and the probabilities are computed with a fixed number of numpy operations, whatever the number
+of candidates and their depth (a Python dict trie took ~0.7 ms per draft at 64 candidates of 16 tokens).
 """
 
 from __future__ import annotations
 
-import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import numpy as np
 
 from specedge.common.draft_tree import DraftTree
-from specedge.edge.acceptance_model import AcceptanceModel, NodeFeatures
+from specedge.edge.acceptance_model import AcceptanceModel, NodeStats
 from specedge.edge.drafter import Draft
 
 
 @dataclass
 class Candidate:
-    tokens: list[int]  # the continuation after the root
+    tokens: list[int] | np.ndarray  # the continuation after the root
     weight: float  # evidence: occurrence weighted by match length and recency
     match_len: int  # context tokens matched right before the continuation
     long_term: bool = False  # from the long-term datastore (else from the context itself)
 
 
-@dataclass
-class _TrieNode:
-    weight: float = 0.0
-    support: int = 0
-    match_len: int = 0
-    short_term: bool = False
-    children: dict[int, _TrieNode] = field(default_factory=dict)
-
-
 def build_draft(
     candidates: list[Candidate], model: AcceptanceModel, max_nodes: int, max_depth: int
-) -> tuple[Draft, list[NodeFeatures]]:
-    """The best-first tree of at most `max_nodes` nodes, with each node's acceptance features."""
-    root = _TrieNode()
-    for c in candidates:
-        node = root
-        root.weight += c.weight
-        for token in c.tokens[:max_depth]:
-            node = node.children.setdefault(token, _TrieNode())
-            node.weight += c.weight
-            node.support += 1
-            node.match_len = max(node.match_len, c.match_len)
-            node.short_term |= not c.long_term
+) -> tuple[Draft, NodeStats]:
+    """The best-first tree of at most `max_nodes` nodes, with each node's evidence."""
+    trie = _Trie(candidates, max_depth)
+    if trie.size == 0 or max_nodes <= 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Draft(DraftTree.empty(), []), NodeStats(empty.astype(bool), empty, empty, empty.astype(float), empty)
+    stats = trie.stats()
+    cond = model.probs(stats)
+    # Path probability: the product of conditionals along each candidate's row, read off at its nodes.
+    rows = np.where(trie.valid, cond[np.maximum(trie.node_at, 0)], 1.0).cumprod(axis=1)
+    path = np.empty(trie.size)
+    path[trie.node_at[trie.valid]] = rows[trie.valid]
+    order = np.lexsort((trie.depth, -path))[:max_nodes]
+    new_index = np.full(trie.size, -1, dtype=np.int64)
+    new_index[order] = np.arange(len(order))
+    parents = np.where(trie.parent[order] < 0, -1, new_index[np.maximum(trie.parent[order], 0)])
+    tree = DraftTree(trie.token[order].tolist(), parents.tolist())
+    return Draft(tree, path[order].tolist()), stats.take(order)
 
-    tokens, parents, probs, features = [], [], [], []
-    heap: list[tuple[float, int, int, int, _TrieNode, NodeFeatures]] = []
-    tie = 0
 
-    def push_children(parent_index: int, parent: _TrieNode, parent_prob: float, depth: int) -> None:
-        nonlocal tie
-        if depth > max_depth:
-            return
-        for token, child in parent.children.items():
-            f = NodeFeatures(not child.short_term, child.match_len, depth, child.weight / parent.weight, child.support)
-            p = parent_prob * model.prob(f)
-            heapq.heappush(heap, (-p, tie, parent_index, token, child, f))
-            tie += 1
+class _Trie:
+    """The candidates' trie as parallel node arrays, built without a per-node Python loop.
 
-    push_children(-1, root, 1.0, 1)
-    while heap and len(tokens) < max_nodes:
-        neg_p, _, parent_index, token, node, f = heapq.heappop(heap)
-        tokens.append(token)
-        parents.append(parent_index)
-        probs.append(-neg_p)
-        features.append(f)
-        push_children(len(tokens) - 1, node, -neg_p, f.depth + 1)
-    return Draft(DraftTree(tokens, parents), probs), features
+    Candidates are sorted lexicographically; a row creates a node at depth d when it differs from the row
+    before it within its first d + 1 tokens. `node_at[i, d]` is the node of row i's prefix of length d + 1
+    (the last node created at depth d by row i or a row above it, which shares that prefix).
+    """
+
+    def __init__(self, candidates: list[Candidate], max_depth: int) -> None:
+        k = len(candidates)
+        depth = min(max_depth, max((len(c.tokens) for c in candidates), default=0))
+        tokens = np.full((k, depth), -1, dtype=np.int64)
+        for i, c in enumerate(candidates):
+            n = min(len(c.tokens), depth)
+            tokens[i, :n] = c.tokens[:n]
+        order = np.lexsort(tokens.T[::-1]) if depth else np.arange(k)
+        tokens = tokens[order]
+        weight = np.array([c.weight for c in candidates], dtype=np.float64)[order]
+        match = np.array([c.match_len for c in candidates], dtype=np.int64)[order]
+        short = np.array([not c.long_term for c in candidates], dtype=bool)[order]
+        self.root_weight = weight.sum()
+        self.valid = tokens >= 0
+        same = np.zeros((k, depth), dtype=bool)
+        same[1:] = np.logical_and.accumulate(tokens[1:] == tokens[:-1], axis=1)  # shares the prefix up to d
+        created = self.valid & ~same
+        ids = np.cumsum(created.ravel()).reshape(k, depth) - 1  # node ids in row-major creation order
+        self.size = int(created.sum())
+        creator = np.maximum.accumulate(np.where(created, np.arange(k)[:, None], 0), axis=0)
+        self.node_at = np.where(self.valid, ids[creator, np.arange(depth)[None, :]], -1)
+        rows, cols = np.nonzero(created)
+        node = ids[rows, cols]
+        self.token = np.empty(self.size, dtype=np.int64)
+        self.token[node] = tokens[rows, cols]
+        self.depth = np.empty(self.size, dtype=np.int64)
+        self.depth[node] = cols + 1
+        self.parent = np.empty(self.size, dtype=np.int64)
+        self.parent[node] = np.where(cols > 0, self.node_at[rows, np.maximum(cols - 1, 0)], -1)
+        at = self.node_at[self.valid]
+        row_of = np.nonzero(self.valid)[0]
+        self.weight = np.bincount(at, weights=weight[row_of], minlength=self.size)
+        self.support = np.bincount(at, minlength=self.size)
+        self.match = np.zeros(self.size, dtype=np.int64)
+        np.maximum.at(self.match, at, match[row_of])
+        self.short = np.bincount(at, weights=short[row_of], minlength=self.size) > 0
+
+    def stats(self) -> NodeStats:
+        parent_weight = np.where(self.parent < 0, self.root_weight, self.weight[np.maximum(self.parent, 0)])
+        return NodeStats(~self.short, self.match, self.depth, self.weight / parent_weight, self.support)

@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from specedge.edge.acceptance_model import AcceptanceModel, NodeFeatures
+import numpy as np
+
+from specedge.edge.acceptance_model import AcceptanceModel, NodeStats
 from specedge.edge.tree_builder import Candidate, build_draft
 
 
@@ -20,35 +22,42 @@ def random_candidates(rng: random.Random, n: int) -> list[Candidate]:
 def test_trees_respect_budget_and_depth_and_list_parents_first(seed):
     rng = random.Random(seed)
     max_nodes, max_depth = rng.randint(0, 40), rng.randint(1, 8)
-    draft, features = build_draft(random_candidates(rng, rng.randint(0, 20)), AcceptanceModel(), max_nodes, max_depth)
+    cands = random_candidates(rng, rng.randint(0, 20))
+    draft, stats = build_draft(cands, AcceptanceModel(), max_nodes, max_depth)
     tree = draft.tree
     tree.validate(vocab_size=4)  # parents before children, no duplicate siblings
-    assert len(tree) <= max_nodes and len(features) == len(tree) == len(draft.accept_probs)
+    assert len(tree) <= max_nodes and len(stats.depth) == len(tree) == len(draft.accept_probs)
     assert all(d <= max_depth for d in tree.depths())
-    assert [f.depth for f in features] == tree.depths()
+    assert stats.depth.tolist() == tree.depths()
+    for i in range(len(tree)):  # every node is a prefix of some candidate
+        path = [tree.tokens[j] for j in tree.path_to(i)]
+        assert any(list(c.tokens[: len(path)]) == path for c in cands)
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_accept_probabilities_are_path_products_in_best_first_order(seed):
     rng = random.Random(seed)
     model = AcceptanceModel()
-    draft, features = build_draft(random_candidates(rng, 15), model, 60, 10)
+    draft, stats = build_draft(random_candidates(rng, 15), model, 60, 10)
     probs = draft.accept_probs
+    cond = model.probs(stats)
     assert all(0 < p <= 1 for p in probs)
     assert probs == sorted(probs, reverse=True)  # best first, so every prefix is the best tree of its size
     for i, parent in enumerate(draft.tree.parents):
         above = 1.0 if parent < 0 else probs[parent]
-        assert probs[i] == pytest.approx(above * model.prob(features[i]))
+        assert probs[i] == pytest.approx(above * cond[i])
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_shares_of_the_children_of_a_node_sum_to_one(seed):
     rng = random.Random(seed)
-    draft, features = build_draft(random_candidates(rng, 12), AcceptanceModel(), 1000, 12)
+    cands = random_candidates(rng, 12)
+    draft, stats = build_draft(cands, AcceptanceModel(), 1000, 12)
+    assert len(draft.tree) == len({tuple(c.tokens[:i]) for c in cands for i in range(1, len(c.tokens) + 1)})
     children = draft.tree.children()
     for parent, kids in enumerate(children, start=-1):
         if kids:
-            total = sum(features[k].share for k in kids)
+            total = sum(stats.share[k] for k in kids)
             # a node's continuations may stop there (candidates of different lengths), so at most 1
             assert total <= 1 + 1e-9
             if parent == -1:
@@ -58,27 +67,30 @@ def test_shares_of_the_children_of_a_node_sum_to_one(seed):
 def test_continuation_counts_decide_the_order():
     cands = [Candidate([1, 2, 3], 1.0, 8), Candidate([1, 2, 3], 1.0, 8), Candidate([1, 5], 1.0, 8),
              Candidate([4], 1.0, 8)]
-    draft, features = build_draft(cands, AcceptanceModel(), 10, 10)
+    draft, stats = build_draft(cands, AcceptanceModel(), 10, 10)
     tokens = draft.tree.tokens
     assert tokens[:2] == [1, 2]  # the prefix all but one candidate share comes first
     assert tokens.index(3) < tokens.index(5)  # what followed twice beats what followed once, even deeper
-    assert features[0].share == pytest.approx(0.75)
+    assert stats.share[0] == pytest.approx(0.75) and stats.support[0] == 3
 
 
 def test_no_candidates_give_an_empty_draft():
-    draft, features = build_draft([], AcceptanceModel(), 10, 10)
-    assert len(draft.tree) == 0 and draft.accept_probs == [] and features == []
+    draft, stats = build_draft([], AcceptanceModel(), 10, 10)
+    assert len(draft.tree) == 0 and draft.accept_probs == [] and len(stats.depth) == 0
+
+
+def stats_of(long_term: bool, match_len: int, depth: int, share: float) -> NodeStats:
+    return NodeStats(np.array([long_term]), np.array([match_len]), np.array([depth]), np.array([share]),
+                     np.array([1]))
 
 
 def test_the_acceptance_model_moves_from_its_prior_towards_what_it_observes():
     model = AcceptanceModel()
-    f = NodeFeatures(long_term=False, match_len=3, depth=1, share=1.0)
-    prior = model.prob(f)
-    for _ in range(50):
-        model.update(f, accepted=True)
-    assert model.prob(f) > 0.9 > prior
-    g = NodeFeatures(long_term=False, match_len=20, depth=4, share=0.5)
-    for _ in range(50):
-        model.update(g, accepted=False)
-    assert model.prob(g) < 0.05
-    assert model.prob(NodeFeatures(True, 3, 1, 1.0)) == pytest.approx(prior)  # other cells untouched
+    f = stats_of(False, match_len=3, depth=1, share=1.0)
+    prior = model.probs(f)[0]
+    model.update(np.repeat(f.cells(), 50), np.ones(50, dtype=bool))
+    assert model.probs(f)[0] > 0.9 > prior
+    g = stats_of(False, match_len=20, depth=4, share=0.5)
+    model.update(np.repeat(g.cells(), 50), np.zeros(50, dtype=bool))
+    assert model.probs(g)[0] < 0.05
+    assert model.probs(stats_of(True, 3, 1, 1.0))[0] == pytest.approx(prior)  # other cells untouched
