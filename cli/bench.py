@@ -92,6 +92,7 @@ class Run:
     rep: int
     tokens: list[int]
     wall_s: float
+    ttft_s: float | None  # the first pass, which prefills the prompt (None: not measurable, hf-*)
     rounds: int | None
     draft_ms: list[float]
     tree_sizes: list[int]
@@ -127,7 +128,7 @@ class Methods:
         return ["ar", *self.drafters, *baselines]
 
     def run(self, method: str, ids: list[int], reference: list[int] | None):
-        """-> (tokens, wall_s, rounds or None, draft_ms, tree_sizes)."""
+        """-> (tokens, wall_s, ttft_s or None, rounds or None, draft_ms, tree_sizes)."""
         from specedge.common.sampling import SamplingParams
         from specedge.edge.generation import generate
         from specedge.edge.oracle import OracleDrafter
@@ -144,7 +145,7 @@ class Methods:
         elif method == "oracle":
             drafter = OracleDrafter(ids + reference, self.args.oracle_depth)
         r = generate(self.verifier.open(ids, params), self.eos, drafter, controller)
-        return r.token_ids, r.wall_s, r.rounds, r.draft_ms, r.tree_sizes
+        return r.token_ids, r.wall_s, r.ttft_s, r.rounds, r.draft_ms, r.tree_sizes
 
     def _hf(self, method: str, ids: list[int]):
         import torch
@@ -156,7 +157,7 @@ class Methods:
             out = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                    max_new_tokens=self.args.max_new_tokens, **extra)
         wall = time.perf_counter() - start
-        return out[0, len(ids) :].tolist(), wall, None, [], []
+        return out[0, len(ids) :].tolist(), wall, None, None, [], []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,12 +193,12 @@ def run(args: argparse.Namespace) -> int:
         for p, ids in zip(prompts, encoded):
             reference = None
             for name in names:
-                tokens, wall, rounds, draft_ms, sizes = methods.run(name, ids, reference)
+                tokens, wall, ttft, rounds, draft_ms, sizes = methods.run(name, ids, reference)
                 if name == "ar":
                     reference = tokens
                 elif tokens != reference:
                     _check_mismatch(engine, name, p, ids, reference, tokens)
-                runs.append(Run(name, p.category, p.id, rep, tokens, wall, rounds, draft_ms, sizes))
+                runs.append(Run(name, p.category, p.id, rep, tokens, wall, ttft, rounds, draft_ms, sizes))
                 progress(f"rep {rep + 1}/{args.reps} {p.category}/{p.id} {name}: "
                          f"{len(tokens) / wall:.1f} tokens/s")
     progress(None)
@@ -227,9 +228,11 @@ def summarize(runs: list[Run], names: list[str], args) -> list[dict]:
     rows = []
     for cat in categories:
         ar_tps = {rep: _tps(by[("ar", cat, rep)]) for rep in range(args.reps)}
+        ar_decode = {rep: _decode_tps(by[("ar", cat, rep)]) for rep in range(args.reps)}
         for name in names:
             reps = [by[(name, cat, rep)] for rep in range(args.reps)]
             tps = [_tps(rs) for rs in reps]
+            decode = [_decode_tps(rs) for rs in reps]
             every = [r for rs in reps for r in rs]
             rounds = [r.rounds for r in every if r.rounds is not None]
             drafts = [ms for r in every for ms in r.draft_ms]
@@ -241,6 +244,10 @@ def summarize(runs: list[Run], names: list[str], args) -> list[dict]:
                 "mean_accepted": round(sum(len(r.tokens) for r in every if r.rounds) / sum(rounds), 3)
                 if rounds else None,
                 "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
+                "decode_tokens_per_s": round(statistics.median(decode), 3) if decode[0] else None,
+                "decode_speedup": round(statistics.median(d / ar_decode[rep] for rep, d in enumerate(decode)), 3)
+                if decode[0] else None,
+                "ttft_ms": round(statistics.median(1e3 * r.ttft_s for r in every), 1) if decode[0] else None,
                 "rtt_ms": 0.0, "concurrency": 1,
                 "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
                 "tokens": sum(len(r.tokens) for r in every), "reps": args.reps,
@@ -250,6 +257,13 @@ def summarize(runs: list[Run], names: list[str], args) -> list[dict]:
 
 def _tps(runs: list[Run]) -> float:
     return sum(len(r.tokens) for r in runs) / sum(r.wall_s for r in runs)
+
+
+def _decode_tps(runs: list[Run]) -> float:
+    """Tokens after the first over the time after the first pass (0 when the first pass is not known)."""
+    if any(r.ttft_s is None for r in runs):
+        return 0.0
+    return sum(len(r.tokens) - 1 for r in runs) / sum(r.wall_s - r.ttft_s for r in runs)
 
 
 def _check_mismatch(engine, method: str, prompt: Prompt, ids: list[int], want: list[int], got: list[int]) -> None:
@@ -279,7 +293,8 @@ def _check_mismatch(engine, method: str, prompt: Prompt, ids: list[int], want: l
 
 
 def markdown(rows: list[dict]) -> str:
-    cols = ["method", "category", "n_prompts", "tokens_per_s", "speedup", "mean_accepted", "draft_ms", "tree_size"]
+    cols = ["method", "category", "n_prompts", "tokens_per_s", "speedup", "decode_speedup", "mean_accepted",
+            "draft_ms", "tree_size", "ttft_ms"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("–" if r[c] is None else str(r[c]) for c in cols) + " |")

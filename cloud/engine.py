@@ -104,6 +104,7 @@ class Engine:
                     mask=_step_mask(cached, chain, tree),
                     query_pos=pos,
                     key_pos=torch.cat([torch.arange(cached), pos]),
+                    causal_rows=chain if cached == 0 else 0,
                 )
             )
             logits_rows.append(torch.arange(start + chain - 1, start + n))

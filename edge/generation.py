@@ -20,6 +20,7 @@ class GenerationResult:
     rounds: int  # verification passes, the one that prefills the prompt included
     wall_s: float
     stopped_by: str  # "eos", "max_new_tokens" or "stop"
+    ttft_s: float = 0.0  # until the first pass (the prompt's prefill) returned
     draft_ms: list[float] = field(default_factory=list)  # per round
     tree_sizes: list[int] = field(default_factory=list)  # draft tokens sent per round
 
@@ -35,6 +36,12 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second after the first pass: the part speculation can speed up."""
+        decode_s = self.wall_s - self.ttft_s
+        return (self.num_tokens - 1) / decode_s if decode_s > 0 and self.num_tokens > 1 else 0.0
 
     @property
     def median_draft_ms(self) -> float:
@@ -74,6 +81,8 @@ def generate(
             result.tree_sizes.append(len(tree))
             step = session.step(tree)
             result.rounds += 1
+            if result.rounds == 1:
+                result.ttft_s = time.perf_counter() - start
             if drafter is not None:
                 drafter.observe(tree, step)
             if controller is not None:

@@ -145,3 +145,16 @@ def test_real_model_parity(name, real_model):
     seq = run_parity(hf, engine, prompt, continuation, seed=0, offpath_checks=6)
     engine.release(seq)
     assert engine.pool.stats().used == 0
+
+
+def test_tiny_long_prefill_takes_the_causal_kernel_and_matches_transformers(tiny):
+    hf, engine = tiny
+    rng = random.Random(11)
+    prompt = [rng.randrange(engine.vocab_size) for _ in range(150)]  # long enough for the flash path
+    seq = engine.add_sequence(prompt, GREEDY)
+    tree = DraftTree([7, 8, 9], [-1, 0, -1])
+    (logits,) = engine.forward([(seq, tree)])
+    ref = reference_logits(hf, prompt + [7, 8])
+    assert_close(logits[:3], ref[-3:], "prefill + chain")
+    assert_close(logits[3], reference_logits(hf, prompt + [9])[-1], "prefill + sibling")
+    engine.release(seq)
