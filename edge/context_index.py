@@ -84,6 +84,11 @@ class ContextIndex:
         """The tokens after position `end` (at most `depth`, never past the text's end)."""
         return self.tokens[end + 1 : min(end + 1 + depth, self.n)]
 
+    def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
+        """[len(ends), depth]: the tokens after each end, padded with -1 past the text's end."""
+        at = ends[:, None] + 1 + np.arange(depth)[None, :]
+        return np.where(at < self.n, self.tokens[np.minimum(at, self.n - 1)], -1)
+
     # ---- internals -------------------------------------------------------------------------------
 
     def _key_at(self, i: int, k: int) -> int:

@@ -20,6 +20,7 @@ import numpy as np
 SEPARATOR = -1
 FORMAT = 1
 _VECTOR_RANGE = 4096  # narrow ranges up to this size with one vectorised search
+_FINISH_RANGE = 64  # at most this many suffixes left: settle every remaining level in one comparison
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,14 @@ class Datastore:
         self.meta = json.loads(meta_file.read_text())
         if self.meta.get("format") != FORMAT:
             raise ValueError(f"{self.path}: datastore format {self.meta.get('format')} is not {FORMAT}; rebuild it")
-        self.corpus = np.load(self.path / "corpus.npy", mmap_mode="r")
-        self.sa = np.load(self.path / "reversed_sa.npy", mmap_mode="r")
+        # Plain ndarray views of the memory maps: np.memmap's own indexing is several times slower.
+        self.corpus = np.load(self.path / "corpus.npy", mmap_mode="r").view(np.ndarray)
+        self.sa = np.load(self.path / "reversed_sa.npy", mmap_mode="r").view(np.ndarray)
         if len(self.corpus) != len(self.sa) or len(self.corpus) != self.meta["num_tokens"]:
             raise ValueError(f"{self.path}: corpus and suffix array sizes disagree; rebuild the datastore")
         self.n = len(self.corpus)
+        # Where the suffixes starting with each token begin: the first narrowing step is a lookup.
+        self.first_bounds = np.load(self.path / "first_bounds.npy")  # token + 1 -> start; SEPARATOR = -1 -> 0
 
     @property
     def tokenizer_fingerprint(self) -> str:
@@ -53,10 +57,20 @@ class Datastore:
                       min_len: int = 2) -> Match | None:
         """Occurrences of the longest suffix of `context` (at most `max_len` tokens) found in the corpus."""
         lo, hi, length = 0, self.n, 0
-        context = np.asarray(context)
-        for j in range(min(max_len, len(context))):
-            token = int(context[len(context) - 1 - j])
-            lo2, hi2 = self._narrow(lo, hi, j, token)
+        pattern = np.asarray(context, dtype=np.int64)[::-1][:max_len]  # the context read backwards
+        for j in range(len(pattern)):
+            if hi - lo <= _FINISH_RANGE:  # few suffixes left: compare all remaining levels at once
+                starts = np.asarray(self.sa[lo:hi], dtype=np.int64)
+                rest = pattern[j:]
+                ahead = self._reversed_token((starts[:, None] + j + np.arange(len(rest))[None, :]).ravel())
+                agree = np.logical_and.accumulate(ahead.reshape(len(starts), -1) == rest[None, :], axis=1)
+                extra = agree.sum(axis=1)
+                best = int(extra.max())
+                if best > 0:  # the longest suffixes sit together in suffix-array order
+                    keep = np.flatnonzero(extra == best)
+                    lo, hi, length = lo + int(keep[0]), lo + int(keep[-1]) + 1, j + best
+                break
+            lo2, hi2 = self._first(int(pattern[j])) if j == 0 else self._narrow(lo, hi, j, int(pattern[j]))
             if lo2 >= hi2:
                 break
             lo, hi, length = lo2, hi2, j + 1
@@ -73,6 +87,14 @@ class Datastore:
         cut = np.flatnonzero(cont == SEPARATOR)
         return cont[: cut[0]] if len(cut) else cont
 
+    def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
+        """[len(ends), depth]: the tokens after each end, padded with -1 from a document separator on."""
+        at = ends[:, None] + 1 + np.arange(depth)[None, :]
+        tokens = np.asarray(self.corpus[np.minimum(at, self.n - 1)], dtype=np.int64)
+        tokens[at >= self.n] = SEPARATOR
+        stopped = np.logical_or.accumulate(tokens == SEPARATOR, axis=1)  # SEPARATOR is -1: the padding
+        return np.where(stopped, -1, tokens)
+
     def _reversed_token(self, i: np.ndarray | int):
         """Token i of the reversed corpus; -2 past its end (sorts before every token and the separator)."""
         if isinstance(i, np.ndarray):
@@ -81,6 +103,11 @@ class Datastore:
             out[inside] = self.corpus[self.n - 1 - i[inside]]
             return out
         return int(self.corpus[self.n - 1 - i]) if i < self.n else -2
+
+    def _first(self, token: int) -> tuple[int, int]:
+        if not -1 <= token < len(self.first_bounds) - 2:
+            return 0, 0
+        return int(self.first_bounds[token + 1]), int(self.first_bounds[token + 2])
 
     def _narrow(self, lo: int, hi: int, j: int, token: int) -> tuple[int, int]:
         """The sub-range of suffixes in [lo, hi) (all sharing j tokens) whose token j equals `token`."""
@@ -131,12 +158,13 @@ def build(
     sort_s = time.perf_counter() - t_sort
     np.save(out / "corpus.npy", corpus)
     np.save(out / "reversed_sa.npy", sa.astype(np.int32 if len(corpus) < 2**31 else np.int64))
+    first = corpus[::-1][sa]  # each suffix's first token, in suffix-array order (sorted)
+    np.save(out / "first_bounds.npy", np.searchsorted(first, np.arange(-1, int(corpus.max()) + 2)).astype(np.int64))
     meta = {
         "format": FORMAT, "num_tokens": int(len(corpus)), "num_documents": num_docs,
         "tokenizer": tokenizer_fingerprint, "sources": sources,
         "build_s": round(time.perf_counter() - start, 3), "suffix_sort_s": round(sort_s, 3),
-        "bytes_per_token": round(((out / "corpus.npy").stat().st_size + (out / "reversed_sa.npy").stat().st_size)
-                                 / len(corpus), 3),
+        "bytes_per_token": round(sum(f.stat().st_size for f in out.glob("*.npy")) / len(corpus), 3),
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=1))  # written last: its presence means complete
     return meta

@@ -11,9 +11,10 @@ from specedge.edge.acceptance_model import AcceptanceModel
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
 from specedge.edge.drafter import Draft
-from specedge.edge.tree_builder import Candidate, build_draft
+from specedge.edge.tree_builder import CandidateSet, build_draft
 
 RECENCY = 0.97  # weight factor per more recent occurrence of the same match
+STRONG_MATCH = 8  # a context match this long makes the long-term datastore's candidates unnecessary
 
 
 class RetrievalDrafter:
@@ -34,22 +35,22 @@ class RetrievalDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         self.index = ContextIndex(prompt_ids)
 
-    def candidates(self) -> list[Candidate]:
-        out = []
+    def candidates(self) -> CandidateSet:
+        parts = []
         ends, lengths = self.index.matches(self.occurrences, max_len=64)
-        for rank, (end, m) in enumerate(zip(ends.tolist(), lengths.tolist())):
-            cont = self.index.continuation(end, self.max_depth)
-            out.append(Candidate(cont, weight=min(m, 32) ** 2 * RECENCY**rank, match_len=m))
-        if self.datastore is not None:
+        if len(ends):
+            weight = np.minimum(lengths, 32).astype(np.float64) ** 2 * RECENCY ** np.arange(len(ends))
+            tokens = self.index.continuations(ends, self.max_depth)
+            parts.append(CandidateSet(tokens, weight, lengths, np.zeros(len(ends), dtype=bool)))
+        if self.datastore is not None and (len(lengths) == 0 or lengths.max() < STRONG_MATCH):
             tail = self.index.tokens[max(0, self.index.n - 32) : self.index.n]
             match = self.datastore.longest_match(tail, max_len=32, max_occurrences=16)
             if match is not None:
-                weight = min(match.length, 32) ** 2 * min(match.count, 16) / len(match.ends)
-                for end in match.ends.tolist():
-                    cont = self.datastore.continuation(end, self.max_depth)
-                    if len(cont):
-                        out.append(Candidate(cont, weight, match.length, long_term=True))
-        return out
+                k = len(match.ends)
+                weight = np.full(k, min(match.length, 32) ** 2 * min(match.count, 16) / k)
+                tokens = self.datastore.continuations(match.ends, self.max_depth)
+                parts.append(CandidateSet(tokens, weight, np.full(k, match.length), np.ones(k, dtype=bool)))
+        return CandidateSet.concat(parts)
 
     def propose(self) -> Draft:
         draft, stats = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)

@@ -30,10 +30,42 @@ class Candidate:
     long_term: bool = False  # from the long-term datastore (else from the context itself)
 
 
+@dataclass
+class CandidateSet:
+    """Many candidates as arrays: continuations padded with -1 on the right."""
+
+    tokens: np.ndarray  # [K, D] int64
+    weight: np.ndarray  # [K]
+    match_len: np.ndarray  # [K]
+    long_term: np.ndarray  # [K] bool
+
+    @classmethod
+    def of(cls, candidates: list[Candidate], depth: int | None = None) -> CandidateSet:
+        depth = max((len(c.tokens) for c in candidates), default=0) if depth is None else depth
+        tokens = np.full((len(candidates), depth), -1, dtype=np.int64)
+        for i, c in enumerate(candidates):
+            n = min(len(c.tokens), depth)
+            tokens[i, :n] = c.tokens[:n]
+        return cls(tokens, np.array([c.weight for c in candidates], dtype=np.float64),
+                   np.array([c.match_len for c in candidates], dtype=np.int64),
+                   np.array([c.long_term for c in candidates], dtype=bool))
+
+    @classmethod
+    def concat(cls, parts: list[CandidateSet]) -> CandidateSet:
+        depth = max((p.tokens.shape[1] for p in parts), default=0)
+        pad = [np.pad(p.tokens, ((0, 0), (0, depth - p.tokens.shape[1])), constant_values=-1) for p in parts]
+        return cls(np.concatenate(pad) if parts else np.zeros((0, 0), dtype=np.int64),
+                   np.concatenate([p.weight for p in parts]) if parts else np.zeros(0),
+                   np.concatenate([p.match_len for p in parts]) if parts else np.zeros(0, dtype=np.int64),
+                   np.concatenate([p.long_term for p in parts]) if parts else np.zeros(0, dtype=bool))
+
+
 def build_draft(
-    candidates: list[Candidate], model: AcceptanceModel, max_nodes: int, max_depth: int
+    candidates: CandidateSet | list[Candidate], model: AcceptanceModel, max_nodes: int, max_depth: int
 ) -> tuple[Draft, NodeStats]:
     """The best-first tree of at most `max_nodes` nodes, with each node's evidence."""
+    if not isinstance(candidates, CandidateSet):
+        candidates = CandidateSet.of(candidates)
     trie = _Trie(candidates, max_depth)
     if trie.size == 0 or max_nodes <= 0:
         empty = np.zeros(0, dtype=np.int64)
@@ -60,18 +92,14 @@ class _Trie:
     (the last node created at depth d by row i or a row above it, which shares that prefix).
     """
 
-    def __init__(self, candidates: list[Candidate], max_depth: int) -> None:
-        k = len(candidates)
-        depth = min(max_depth, max((len(c.tokens) for c in candidates), default=0))
-        tokens = np.full((k, depth), -1, dtype=np.int64)
-        for i, c in enumerate(candidates):
-            n = min(len(c.tokens), depth)
-            tokens[i, :n] = c.tokens[:n]
+    def __init__(self, candidates: CandidateSet, max_depth: int) -> None:
+        tokens = candidates.tokens[:, :max_depth]
+        k, depth = tokens.shape
         order = np.lexsort(tokens.T[::-1]) if depth else np.arange(k)
         tokens = tokens[order]
-        weight = np.array([c.weight for c in candidates], dtype=np.float64)[order]
-        match = np.array([c.match_len for c in candidates], dtype=np.int64)[order]
-        short = np.array([not c.long_term for c in candidates], dtype=bool)[order]
+        weight = candidates.weight[order]
+        match = candidates.match_len[order]
+        short = ~candidates.long_term[order]
         self.root_weight = weight.sum()
         self.valid = tokens >= 0
         same = np.zeros((k, depth), dtype=bool)

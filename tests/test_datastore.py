@@ -73,7 +73,8 @@ def test_metadata_reports_size_and_build_time(tmp_path):
     meta = datastore.build([list(range(5000)), [4]], tmp_path, "abc", ["x", "y"])
     assert meta["num_tokens"] == 5003 and meta["num_documents"] == 2 and meta["tokenizer"] == "abc"
     assert meta["build_s"] >= 0
-    assert 8 <= meta["bytes_per_token"] < 8.1  # int32 corpus + int32 suffix array (+ file headers)
+    # int32 corpus + int32 suffix array, plus one int64 per vocabulary entry (+ file headers)
+    assert 16 <= meta["bytes_per_token"] < 16.2
     assert json.loads((tmp_path / "meta.json").read_text()) == meta
 
 
