@@ -37,7 +37,8 @@ def add_parser(commands) -> None:
     b.add_argument("--baselines", default="ar,hf-pld,suffix,oracle",
                    help=f"comma-separated baselines from {', '.join(BASELINES)}; ar is always run")
     b.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
-                   help="long-term datastore for the retrieval drafter (files, dirs or a built datastore)")
+                   help="long-term datastore (files, dirs or a built datastore): each drafter then also runs "
+                   "as DRAFTER+corpus with it, beside the plain DRAFTER")
     b.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     b.add_argument("--max-tree", type=int, default=64, help="most draft nodes per pass")
     b.add_argument("--oracle-depth", type=int, default=16, help="draft length of the oracle baseline")
@@ -113,7 +114,9 @@ class Methods:
         self.controller = TreeSizeController(args.max_tree)
         self.drafters = {}
         for name in [d for d in args.drafters.split(",") if d]:
-            self.drafters[name] = make_drafter(name, store, max_nodes=args.max_tree)
+            self.drafters[name] = make_drafter(name, None, max_nodes=args.max_tree)
+            if store is not None:  # with and without the long-term datastore, side by side
+                self.drafters[f"{name}+corpus"] = make_drafter(name, store, max_nodes=args.max_tree)
         self.suffix = None
         if "suffix" in args.baselines.split(","):
             from specedge.edge.suffix_drafter import SuffixDecodingDrafter

@@ -21,6 +21,7 @@ SEPARATOR = -1
 FORMAT = 1
 _VECTOR_RANGE = 4096  # narrow ranges up to this size with one vectorised search
 _FINISH_RANGE = 64  # at most this many suffixes left: settle every remaining level in one comparison
+_SECOND_CACHE = 1 << 17  # memoised bigram ranges before the memo starts over
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Datastore:
         self.n = len(self.corpus)
         # Where the suffixes starting with each token begin: the first narrowing step is a lookup.
         self.first_bounds = np.load(self.path / "first_bounds.npy")  # token + 1 -> start; SEPARATOR = -1 -> 0
+        self._second: dict[tuple[int, int], tuple[int, int]] = {}  # (token 0, token 1) -> range, memoised
 
     @property
     def tokenizer_fingerprint(self) -> str:
@@ -70,7 +72,17 @@ class Datastore:
                     keep = np.flatnonzero(extra == best)
                     lo, hi, length = lo + int(keep[0]), lo + int(keep[-1]) + 1, j + best
                 break
-            lo2, hi2 = self._first(int(pattern[j])) if j == 0 else self._narrow(lo, hi, j, int(pattern[j]))
+            if j == 0:
+                lo2, hi2 = self._first(int(pattern[0]))
+            elif j == 1:  # the widest range that needs a search: remember it, contexts repeat bigrams
+                key = (int(pattern[0]), int(pattern[1]))
+                if key not in self._second:
+                    if len(self._second) > _SECOND_CACHE:
+                        self._second.clear()
+                    self._second[key] = self._narrow(lo, hi, 1, key[1])
+                lo2, hi2 = self._second[key]
+            else:
+                lo2, hi2 = self._narrow(lo, hi, j, int(pattern[j]))
             if lo2 >= hi2:
                 break
             lo, hi, length = lo2, hi2, j + 1

@@ -1,6 +1,6 @@
 """Greedy speculative decoding on the engine gives exactly transformers' `generate` output, token for
 token, on 20 Spec-Bench prompts for both real models, whatever the drafts: empty, random, partly right
-(a true prefix among wrong branches, then wrong tokens) and fully right.
+(a true prefix among wrong branches, then wrong tokens), fully right, and the retrieval drafter's own.
 
 A mismatch fails unless it is a genuine near-tie: at the first differing position the target's top-2
 logit gap is below twice the measured difference between the engine's and transformers' logits there.
@@ -19,8 +19,10 @@ from specedge.common import specbench
 from specedge.common.draft_tree import DraftTree
 from specedge.common.sampling import SamplingParams
 from specedge.common.text import encode_prompt, eos_token_ids
+from specedge.edge.controller import TreeSizeController
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
+from specedge.edge.retrieval import RetrievalDrafter
 
 pytestmark = pytest.mark.real_model
 
@@ -77,7 +79,7 @@ class Drafts:
         return (token + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
 
 
-DRAFT_KINDS = ["empty", "random", "partly_right", "fully_right"]
+DRAFT_KINDS = ["empty", "random", "partly_right", "fully_right", "retrieval"]
 
 
 @pytest.fixture(scope="module", params=["smollm2-135m", "gemma3-270m"])
@@ -118,7 +120,7 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
     failures, ties, passes, proposed = [], [], 0, 0
     for i, (ids, reference) in enumerate(zip(prompts, references)):
         drafts = Drafts(ids + reference, engine.vocab_size, seed=i)
-        source = getattr(drafts, kind)
+        source = getattr(drafts, kind, None)
 
         def counting(committed: list[int]) -> DraftTree:
             nonlocal proposed
@@ -127,7 +129,12 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
             proposed += len(tree)
             return tree
 
-        result = generate(LocalVerifier(engine).open(ids, GREEDY), eos, FunctionDrafter(counting))
+        if kind == "retrieval":  # the real drafter, sized by the real controller
+            drafter, controller = RetrievalDrafter(), TreeSizeController()
+        else:
+            drafter, controller = FunctionDrafter(counting), None
+        result = generate(LocalVerifier(engine).open(ids, GREEDY), eos, drafter, controller)
+        proposed += sum(result.tree_sizes) if kind == "retrieval" else 0
         passes += result.rounds
         if result.token_ids == reference:
             continue

@@ -1,0 +1,95 @@
+"""`specedge index build` and `specedge bench` on the real default model, with small workloads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specedge.cli import main
+
+pytestmark = pytest.mark.real_model
+
+ROWS_FIELDS = {"method", "category", "n_prompts", "tokens_per_s", "speedup", "mean_accepted", "draft_ms", "rtt_ms",
+               "concurrency", "tree_size"}
+
+
+@pytest.fixture
+def documents(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "bridge.txt").write_text("The north span of the bridge needs new bearings before winter. " * 20)
+    (docs / "past.jsonl").write_text(json.dumps({"text": "The committee approved the north span work."}) + "\n")
+    return docs
+
+
+def test_index_build_writes_a_datastore_and_reports_its_size(tmp_path, documents, capsys):
+    assert main(["index", "build", str(documents), "-o", str(tmp_path / "store")]) == 0
+    meta = json.loads((tmp_path / "store" / "meta.json").read_text())
+    assert meta["num_documents"] == 2 and meta["num_tokens"] > 200
+    err = capsys.readouterr().err
+    assert "indexing 2 files" in err and "bytes/token" in err
+
+
+def test_index_build_refuses_a_missing_path(tmp_path):
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["index", "build", str(tmp_path / "nope"), "-o", str(tmp_path / "store")])
+
+
+def test_generate_with_retrieval_and_a_corpus_gives_the_plain_greedy_output(tmp_path, documents, capsys):
+    prompt = "Repeat: The north span of the bridge needs new bearings before winter."
+    args = ["generate", prompt, "--chat", "--max-new-tokens", "24", "--json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(args + ["--drafter", "retrieval", "--corpus", str(documents)]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"]
+    assert spec["rounds"] < plain["rounds"]  # the drafts were accepted: fewer verification passes
+
+
+def test_bench_runs_every_method_and_writes_results_table_and_plot(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "a", "category": "copy", "prompt": "Repeat exactly: one two three four five six seven eight."},
+        {"id": "b", "category": "open", "prompt": "Write one sentence about the sea."},
+    ]))
+    out = tmp_path / "out"
+    assert main(["bench", "--prompts", str(prompts), "--chat", "--max-new-tokens", "16", "--reps", "1",
+                 "--baselines", "ar,hf-ar,hf-pld,suffix,oracle", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = results["rows"]
+    assert {(r["method"], r["category"]) for r in rows} == {
+        (m, c) for m in ("ar", "retrieval", "hf-ar", "hf-pld", "suffix", "oracle") for c in ("copy", "open", "all")}
+    for r in rows:
+        assert ROWS_FIELDS <= set(r)
+        assert r["tokens_per_s"] > 0 and r["n_prompts"] == (2 if r["category"] == "all" else 1)
+    ar = [r for r in rows if r["method"] == "ar"]
+    assert all(r["speedup"] == 1.0 and r["mean_accepted"] == 1.0 for r in ar)
+    oracle = next(r for r in rows if r["method"] == "oracle" and r["category"] == "all")
+    assert oracle["mean_accepted"] > 3
+    assert (out / "results.md").read_text().startswith("| method |")
+    assert (out / "speedup.png").stat().st_size > 1000
+
+
+def test_bench_rejects_a_bad_workload():
+    with pytest.raises(SystemExit, match="specbench:CAT"):
+        main(["bench", "--workload", "nonsense"])
+
+
+def test_a_greedy_mismatch_stops_the_benchmark():
+    from specedge.cli import bench
+    from specedge.cloud.engine import Engine
+    from specedge.common.draft_tree import DraftTree
+    from specedge.common.sampling import SamplingParams
+    from specedge.common.tiny_models import tiny_llama
+
+    engine = Engine.from_hf_model(tiny_llama(), kv_pool_bytes=4 << 20, block_size=4)
+    prompt = [5, 6, 7]
+    seq = engine.add_sequence(prompt, SamplingParams())
+    (logits,) = engine.forward([(seq, DraftTree.empty())])
+    engine.release(seq)
+    top2 = logits[0].topk(2)
+    assert float(top2.values[0] - top2.values[1]) > 1e-3  # not a near-tie: the check must not excuse it
+    want, wrong = [int(top2.indices[0])], [int(top2.indices[1])]
+    with pytest.raises(SystemExit, match="must be lossless"):
+        bench._check_mismatch(engine, "broken", bench.Prompt("p", "c", ""), prompt, want, wrong)
