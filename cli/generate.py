@@ -14,8 +14,9 @@ def add_parser(commands) -> None:
     gen = commands.add_parser(
         "generate",
         help="generate text for one prompt",
-        description="Generate text for one prompt on an in-process verifier engine. Greedy output equals "
-        "transformers' generate token for token; sampled output follows the model's distribution.",
+        description="Generate text for one prompt: the edge drafts, a verifier checks the drafts over gRPC. "
+        "With --server it uses that verifier; without, it starts one on loopback in this process. Greedy "
+        "output equals transformers' generate token for token; sampled output follows the model's distribution.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     gen.add_argument("prompt", help="the prompt text")
@@ -37,57 +38,76 @@ def add_parser(commands) -> None:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, num_tokens, "
                      "rounds, mean_accepted, tokens_per_s, wall_s")
-    gen.add_argument("--kv-pool-mb", type=int, default=256, help="KV cache budget of the engine in MiB")
+    gen.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
+                     help="verifier to use (repeat the flag for fail-over targets); default: an embedded one")
+    gen.add_argument("--auth-token", default=None, help="bearer token for the verifier")
+    gen.add_argument("--tls-ca", default=None, help="PEM CA of the verifier: connect with TLS")
+    gen.add_argument("--tls-cert", default=None, help="PEM client certificate, for mutual TLS")
+    gen.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
+    gen.add_argument("--kv-pool-mb", type=int, default=256, help="KV cache budget of the embedded verifier in MiB")
     gen.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from specedge.cloud.engine import Engine
-    from specedge.cloud.local import LocalVerifier
+    from specedge.cloud.launch import EmbeddedVerifier
+    from specedge.cloud.server import ServerConfig
     from specedge.common.model_registry import load_model
     from specedge.common.sampling import SamplingParams
-    from specedge.common.text import encode_prompt, eos_token_ids, stop_at_strings
-    from specedge.edge.controller import TreeSizeController
+    from specedge.edge.client import ChannelConfig, EdgeClient
     from specedge.edge.corpus import open_corpus
-    from specedge.edge.generation import generate
     from specedge.edge.registry import make_drafter
 
     def fail(msg: str) -> SystemExit:
         return SystemExit(f"specedge generate: {msg}")
 
+    embedded = None
     try:
-        params = SamplingParams(
-            temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-            max_new_tokens=args.max_new_tokens, stop=tuple(args.stop),
-        )
-        make_drafter(args.drafter)  # reject a bad --drafter before the slow model load
+        SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                       max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))  # reject bad values early
+        make_drafter(args.drafter)  # and a bad --drafter, before the slow model load
         if args.max_tree < 0:
             raise ValueError(f"--max-tree must be >= 0, got {args.max_tree}")
-        hf_model, tokenizer = load_model(args.model)
-        store = open_corpus(args.corpus, tokenizer) if args.corpus else None
-        drafter = make_drafter(args.drafter, store, max_nodes=args.max_tree)
+        channel = ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                                tls_key=args.tls_key)
+        tokenizer = None
+        if args.server is None:
+            hf, tokenizer = load_model(args.model)
+            embedded = EmbeddedVerifier(ServerConfig(model=args.model, kv_pool_mb=args.kv_pool_mb,
+                                                     auth_token=args.auth_token), (hf, tokenizer))
+            targets = [embedded.target]
+        else:
+            targets = args.server
+        client = EdgeClient(targets, drafter="none", tokenizer=tokenizer, channel=channel, max_tree=args.max_tree)
+        store = open_corpus(args.corpus, client.tokenizer) if args.corpus else None
+        client.drafter = make_drafter(args.drafter, store, max_nodes=args.max_tree)
+        result = client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                 top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
+                                 chat=args.chat)
     except (ValueError, FileNotFoundError) as e:
         raise fail(str(e).replace("drafter ", "--drafter ", 1))
-    engine = Engine.from_hf_model(hf_model, kv_pool_bytes=args.kv_pool_mb << 20)
-    prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat)
-    stop = stop_at_strings(tokenizer, params.stop) if params.stop else None
-    session = LocalVerifier(engine).open(prompt_ids, params)
-    result = generate(session, eos_token_ids(hf_model), drafter, TreeSizeController(args.max_tree), stop)
-    text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
-    for s in params.stop:
-        text = text.split(s)[0]
+    except Exception as e:
+        import grpc
+
+        if isinstance(e, grpc.RpcError):
+            raise fail(f"verifier error {e.code().name}: {e.details()}")
+        raise
+    finally:
+        if embedded is not None:
+            embedded.stop()
+    stats = result.stats
     if args.json:
         print(json.dumps({
-            "text": text, "token_ids": result.token_ids, "num_tokens": result.num_tokens,
-            "rounds": result.rounds, "mean_accepted": round(result.mean_accepted, 4),
-            "tokens_per_s": round(result.tokens_per_s, 3), "wall_s": round(result.wall_s, 4),
+            "text": result.text, "token_ids": result.token_ids, "num_tokens": stats.num_tokens,
+            "rounds": stats.rounds, "mean_accepted": round(stats.mean_accepted, 4),
+            "tokens_per_s": round(stats.tokens_per_s, 3), "wall_s": round(stats.wall_s, 4),
         }))
     else:
-        print(text)
+        print(result.text)
+        where = ", ".join(args.server) if args.server else "embedded verifier"
         print(
-            f"[{args.model}, drafter {args.drafter}] {result.num_tokens} tokens in {result.wall_s:.2f} s = "
-            f"{result.tokens_per_s:.1f} tokens/s, {result.rounds} passes ({result.mean_accepted:.2f} tokens/pass), "
-            f"stopped by {result.stopped_by}",
+            f"[{args.model} on {where}, drafter {args.drafter}] {stats.num_tokens} tokens in {stats.wall_s:.2f} s = "
+            f"{stats.tokens_per_s:.1f} tokens/s, {stats.rounds} passes ({stats.mean_accepted:.2f} tokens/pass), "
+            f"stopped by {stats.stopped_by}",
             file=sys.stderr,
         )
     return 0

@@ -122,6 +122,10 @@ class KVBlockPool:
         for _ in range(needed):
             table.blocks.append(self._take_block())
 
+    def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
+        """Blocks `reserve(seq_id, num_tokens)` would take."""
+        return max(0, -(-num_tokens // self.block_size) - len(self.tables[seq_id].blocks))
+
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Release the blocks past the first `num_tokens` slots."""
         table = self.tables[seq_id]

@@ -29,6 +29,13 @@ class DraftTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def prefix(self, n: int) -> DraftTree:
+        """The first n nodes: a tree too, since parents come before their children."""
+        if n >= len(self):
+            return self
+        proposals = None if self.proposals is None else {p: q for p, q in self.proposals.items() if p < n}
+        return DraftTree(self.tokens[:n], self.parents[:n], proposals)
+
     def validate(self, vocab_size: int) -> None:
         n = len(self.tokens)
         if len(self.parents) != n:

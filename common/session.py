@@ -16,6 +16,7 @@ class StepResult:
     accepted: list[int]  # indices of the accepted tree nodes, root to leaf
     compute_ms: float  # the verifier's forward pass and acceptance
     queue_ms: float = 0.0  # waiting for a batch slot on the verifier
+    rtt_ms: float = 0.0  # the rest of the round trip: network, serialisation
     extra: dict = field(default_factory=dict)
 
 

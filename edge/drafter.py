@@ -19,11 +19,7 @@ class Draft:
     accept_probs: list[float] | None = None
 
     def first(self, n: int) -> DraftTree:
-        t = self.tree
-        if n >= len(t):
-            return t
-        proposals = None if t.proposals is None else {p: q for p, q in t.proposals.items() if p < n}
-        return DraftTree(t.tokens[:n], t.parents[:n], proposals)
+        return self.tree.prefix(n)
 
 
 class Drafter(Protocol):

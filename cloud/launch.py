@@ -1,0 +1,87 @@
+"""Starting a verifier: from a model name to a serving gRPC server, in the foreground (`specedge serve`)
+or on a background thread of this process (the embedded verifier of `specedge generate` and tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from dataclasses import replace
+
+from specedge.cloud.engine import Engine
+from specedge.cloud.server import RunningServer, ServerConfig, start_server
+from specedge.common.model_registry import load_model
+from specedge.common.text import eos_token_ids, tokenizer_fingerprint
+
+
+def build_engine(config: ServerConfig, hf_and_tokenizer=None) -> tuple[Engine, str, list[int]]:
+    hf, tokenizer = hf_and_tokenizer or load_model(config.model)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20)
+    fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else "no-tokenizer"  # token-id tests
+    return engine, fingerprint, eos_token_ids(hf)
+
+
+def serve_forever(config: ServerConfig, grace_s: float = 30.0) -> None:
+    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `grace_s` and stop."""
+    engine, fingerprint, eos = build_engine(config)
+
+    async def main() -> None:
+        running = await start_server(engine, fingerprint, eos, config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await running.stop(grace_s)
+
+    asyncio.run(main())
+
+
+class EmbeddedVerifier:
+    """A real gRPC verifier on loopback, served from a background thread of this process."""
+
+    def __init__(self, config: ServerConfig, hf_and_tokenizer=None) -> None:
+        config = replace(config, host="127.0.0.1", port=config.port or 0)
+        engine, fingerprint, eos = build_engine(config, hf_and_tokenizer)
+        self.engine = engine
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self.running: RunningServer | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self.running = self._loop.run_until_complete(start_server(engine, fingerprint, eos, config))
+            except BaseException as e:  # reported to the constructor's caller
+                self._error = e
+                self._started.set()
+                return
+            self._started.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="embedded-verifier", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+        self.port = self.running.port
+        self.target = f"127.0.0.1:{self.port}"
+
+    @property
+    def service(self):
+        return self.running.service
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self.running is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.running.stop(grace_s), self._loop).result(timeout=grace_s + 30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self.running = None
+
+    def __enter__(self) -> EmbeddedVerifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,51 @@
+"""Prometheus metrics of a verifier (served over HTTP on --metrics-port)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from specedge.cloud.kv_pool import KVBlockPool
+from specedge.cloud.scheduler import StepStats
+
+
+class VerifierMetrics:
+    def __init__(self, pool: KVBlockPool) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.pool = pool
+        self.sessions = Gauge("specedge_sessions_active", "open sessions (Session and Generate)", registry=r)
+        self.sessions_total = Counter("specedge_sessions", "sessions opened", ["rpc"], registry=r)
+        self.batch_sessions = Histogram("specedge_batch_sessions", "sessions per engine step",
+                                        buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r)
+        self.step_tokens = Histogram("specedge_step_tokens", "tokens per engine step",
+                                     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096), registry=r)
+        self.step_seconds = Histogram("specedge_step_seconds", "engine step latency", registry=r,
+                                      buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5))
+        self.accepted = Histogram("specedge_committed_tokens_per_verdict", "tokens committed per verdict",
+                                  buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r)
+        self.errors = Counter("specedge_rpc_errors", "RPCs ended with an error status", ["code"], registry=r)
+        self.kv_blocks = Gauge("specedge_kv_blocks", "KV pool blocks by state", ["state"], registry=r)
+        self.kv_peak_bytes = Gauge("specedge_kv_peak_bytes", "most KV bytes in use at once", registry=r)
+        self._peak = 0
+        self.observe_pool()
+
+    def on_step(self, s: StepStats) -> None:
+        self.batch_sessions.observe(s.sessions)
+        self.step_tokens.observe(s.tokens)
+        self.step_seconds.observe(s.ms / 1e3)
+        self.observe_pool()
+
+    def observe_pool(self) -> None:
+        st = self.pool.stats()
+        self.kv_blocks.labels("used").set(st.used)
+        self.kv_blocks.labels("cached").set(st.cached)
+        self.kv_blocks.labels("free").set(st.free)
+        self._peak = max(self._peak, st.used * st.bytes_per_block)
+        self.kv_peak_bytes.set(self._peak)
+
+    def reset_peak(self) -> None:
+        self._peak = 0
+        self.observe_pool()
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,226 @@
+"""VerifyScheduler: one thread owns the engine and runs continuous batches of every session's work.
+
+Requests (open = prefill, verify = one draft tree, close) arrive from any thread as futures. Each engine
+step takes every pending verification, with its tree trimmed so the step stays within `max_batch_tokens`
+(speculation must not make a loaded server slower than plain decoding), then adds prefills while the
+budget and the KV pool allow. A prefill waits a step when another in the same step starts with the same
+block of tokens, so that it reuses the first one's cached prefix instead of computing and storing its own.
+When the pool cannot hold a request it waits; it fails with KVPoolExhausted only if it could never fit
+or has waited `admission_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from specedge.cloud.engine import Engine, Sequence
+from specedge.cloud.kv_pool import KVPoolExhausted
+from specedge.common.acceptance import Verdict
+from specedge.common.cost_model import CostModel, CostTracker
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+
+
+@dataclass
+class StepOutcome:
+    verdict: Verdict
+    tree_sent: int  # draft nodes actually verified (after trimming)
+    queue_ms: float
+    compute_ms: float
+    others: int = 0  # tokens of other sessions in the same step: the load this session shared
+    cached_prompt_tokens: int = 0  # for an open: prompt tokens whose KV came from the prefix cache
+
+    def cost_model(self, costs: CostTracker) -> CostModel:
+        """The pass time this session would see for each tree size at the load of its last step."""
+        model = costs.model()
+        return CostModel(tuple((n, model.ms(self.others + n)) for n, _ in model.points))
+
+
+@dataclass
+class _Work:
+    kind: str  # "open", "verify", "close"
+    future: Future
+    seq: Sequence | None = None
+    prompt_ids: list[int] = field(default_factory=list)
+    params: SamplingParams | None = None
+    tree: DraftTree = field(default_factory=DraftTree.empty)
+    submitted: float = field(default_factory=time.perf_counter)
+    cached: int = 0
+
+
+@dataclass
+class StepStats:
+    sessions: int
+    prefills: int
+    tokens: int
+    ms: float
+
+
+class VerifyScheduler:
+    def __init__(self, engine: Engine, max_batch_tokens: int = 2048, gather_ms: float = 2.0,
+                 admission_timeout_s: float = 30.0, on_step=None) -> None:
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.gather_s = gather_ms / 1e3
+        self.admission_timeout_s = admission_timeout_s
+        self.costs = CostTracker()
+        self.on_step = on_step  # called with StepStats after every engine step (metrics)
+        self.active = 0  # open sequences
+        self._inbox: queue.Queue[_Work | None] = queue.Queue()
+        self._waiting: deque[_Work] = deque()
+        self._thread = threading.Thread(target=self._run, name="verify-scheduler", daemon=True)
+        self._stopped = False
+        self._thread.start()
+
+    # ---- any thread --------------------------------------------------------------------------------
+
+    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree) -> Future:
+        """-> Future[(Sequence, StepOutcome)]: the prompt prefilled and `tree` verified with it."""
+        return self._submit(_Work("open", Future(), prompt_ids=prompt_ids, params=params, tree=tree))
+
+    def verify(self, seq: Sequence, tree: DraftTree) -> Future:
+        """-> Future[StepOutcome]."""
+        return self._submit(_Work("verify", Future(), seq=seq, tree=tree))
+
+    def close(self, seq: Sequence) -> Future:
+        return self._submit(_Work("close", Future(), seq=seq))
+
+    def budget_per_session(self) -> int:
+        """The largest draft a session gets without trimming when every active session sends one."""
+        return max(0, self.max_batch_tokens // max(1, self.active) - 1)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    def _submit(self, work: _Work) -> Future:
+        if self._stopped:
+            work.future.set_exception(RuntimeError("the verifier is shutting down"))
+        else:
+            self._inbox.put(work)
+        return work.future
+
+    # ---- the scheduler thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopped:
+            if not self._waiting:
+                first = self._inbox.get()
+                if first is None:
+                    break
+                self._waiting.append(first)
+            deadline = time.perf_counter() + self.gather_s
+            while True:  # gather briefly so that concurrent sessions share the step
+                timeout = deadline - time.perf_counter()
+                try:
+                    item = self._inbox.get(timeout=max(timeout, 0)) if timeout > 0 else self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._stopped = True
+                    break
+                self._waiting.append(item)
+            self._step()
+        for work in self._waiting:  # shutting down
+            if not work.future.done():
+                work.future.set_exception(RuntimeError("the verifier is shutting down"))
+
+    def _step(self) -> None:
+        for work in [w for w in self._waiting if w.kind == "close"]:
+            self._waiting.remove(work)
+            self.engine.release(work.seq)
+            self.active -= 1
+            work.future.set_result(None)
+        verifies = [w for w in self._waiting if w.kind == "verify"]
+        opens = [w for w in self._waiting if w.kind == "open"]
+        pool = self.engine.pool
+        budget = self.max_batch_tokens
+        batch: list[_Work] = []
+        trees: list[DraftTree] = []
+        free_blocks = pool.num_available()
+        # Verifications first: every session gets its own token, then an equal share of what is left.
+        share = max(0, (budget - len(verifies)) // max(1, len(verifies)))
+        for w in verifies:
+            n = min(len(w.tree), share)
+            need = pool.blocks_needed(w.seq.seq_id, len(w.seq.token_ids) + n)
+            while n > 0 and need > free_blocks:  # shrink the tree to what the pool can hold
+                n //= 2
+                need = pool.blocks_needed(w.seq.seq_id, len(w.seq.token_ids) + n)
+            if need > free_blocks:
+                continue  # not even its own token fits now: it waits for blocks to come back
+            free_blocks -= need
+            budget -= 1 + n
+            batch.append(w)
+            trees.append(w.tree.prefix(n))
+        # Then prefills, while the budget and the pool allow (always one when nothing else runs).
+        first_blocks = set()
+        for w in opens:
+            head = tuple(w.prompt_ids[: pool.block_size])
+            if head in first_blocks and len(w.prompt_ids) > pool.block_size:
+                continue  # let it reuse this step's prefill of the same prefix next step
+            tokens = len(w.prompt_ids) + len(w.tree)
+            if batch and tokens > budget:
+                continue
+            try:
+                seq = self.engine.add_sequence(w.prompt_ids, w.params)
+            except ValueError as e:
+                self._waiting.remove(w)
+                w.future.set_exception(e)
+                continue
+            need = pool.blocks_needed(seq.seq_id, tokens)
+            if need > free_blocks:
+                self.engine.release(seq)
+                cannot_ever = -(-tokens // pool.block_size) > pool.num_blocks
+                waited = time.perf_counter() - w.submitted > self.admission_timeout_s
+                if cannot_ever or waited:
+                    self._waiting.remove(w)
+                    w.future.set_exception(KVPoolExhausted(
+                        f"KV pool full: the prompt needs {need} blocks of {pool.block_size} tokens, "
+                        f"{free_blocks} of {pool.num_blocks} free" + ("" if cannot_ever else " after waiting")))
+                continue
+            free_blocks -= need
+            budget -= tokens
+            first_blocks.add(head)
+            w.seq = seq
+            w.cached = seq.num_cached
+            self.active += 1
+            batch.append(w)
+            trees.append(w.tree)
+        if not batch:
+            if self._waiting:
+                time.sleep(0.005)  # everything waits for blocks: let closes arrive
+                self._drain_inbox()
+            return
+        start = time.perf_counter()
+        verdicts = self.engine.step([(w.seq, t) for w, t in zip(batch, trees)])
+        ms = (time.perf_counter() - start) * 1e3
+        step_tokens = sum((len(t) + 1) if w.kind == "verify" else len(w.prompt_ids) + len(t)
+                          for w, t in zip(batch, trees))
+        if all(w.kind == "verify" for w in batch):  # pass time by tokens beyond the first, at any load
+            self.costs.observe(step_tokens - 1, ms)
+        for w, t, v in zip(batch, trees, verdicts):
+            self._waiting.remove(w)
+            queue_ms = (start - w.submitted) * 1e3
+            own = len(t) + (1 if w.kind == "verify" else len(w.prompt_ids))
+            outcome = StepOutcome(v, len(t), queue_ms, ms, others=step_tokens - own, cached_prompt_tokens=w.cached)
+            w.future.set_result((w.seq, outcome) if w.kind == "open" else outcome)
+        if self.on_step is not None:
+            self.on_step(StepStats(len(batch), sum(w.kind == "open" for w in batch), step_tokens, ms))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                self._stopped = True
+                return
+            self._waiting.append(item)
+

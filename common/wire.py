@@ -1,0 +1,68 @@
+"""Conversions between the project's value types and the wire messages of protos/specedge/v1, with the
+validation a verifier applies to everything a client sends (errors are ValueError with a message)."""
+
+from __future__ import annotations
+
+from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+from specedge.protos import verifier_pb2 as pb
+
+
+def tree_to_pb(tree: DraftTree) -> pb.DraftTree:
+    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents)
+    for parent, (ids, probs) in (tree.proposals or {}).items():
+        msg.proposals.add(parent=parent, token_ids=ids, probs=probs)
+    return msg
+
+
+def tree_from_pb(msg: pb.DraftTree, vocab_size: int, max_nodes: int) -> DraftTree:
+    if len(msg.tokens) > max_nodes:
+        raise ValueError(f"draft tree has {len(msg.tokens)} nodes; this verifier takes at most {max_nodes}")
+    proposals = None
+    if msg.proposals:
+        proposals = {}
+        for p in msg.proposals:
+            if p.parent in proposals:
+                raise ValueError(f"two proposals for node {p.parent}")
+            proposals[p.parent] = (list(p.token_ids), list(p.probs))
+    tree = DraftTree(list(msg.tokens), list(msg.parents), proposals)
+    tree.validate(vocab_size)
+    return tree
+
+
+def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                            max_new_tokens=params.max_new_tokens)
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def params_from_pb(msg: pb.SamplingParams, max_new_tokens_limit: int) -> SamplingParams:
+    max_new = msg.max_new_tokens or 128
+    if max_new > max_new_tokens_limit:
+        raise ValueError(f"max_new_tokens {max_new} is over this verifier's limit of {max_new_tokens_limit}")
+    return SamplingParams(temperature=msg.temperature, top_p=msg.top_p or 1.0, top_k=msg.top_k,
+                          seed=msg.seed if msg.HasField("seed") else None, max_new_tokens=max_new)
+
+
+def prompt_from_pb(ids, vocab_size: int, max_tokens: int) -> list[int]:
+    ids = list(ids)
+    if not ids:
+        raise ValueError("the prompt is empty")
+    if len(ids) > max_tokens:
+        raise ValueError(f"the prompt has {len(ids)} tokens; this verifier takes at most {max_tokens}")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt token id {bad} is outside the vocabulary [0, {vocab_size})")
+    return ids
+
+
+def cost_to_pb(cost: CostModel, active_sessions: int = 0) -> pb.CostModel:
+    return pb.CostModel(tree_tokens=[n for n, _ in cost.points], ms=[t for _, t in cost.points],
+                        active_sessions=active_sessions)
+
+
+def cost_from_pb(msg: pb.CostModel) -> CostModel:
+    return CostModel(tuple(zip(msg.tree_tokens, msg.ms)))

@@ -1,0 +1,369 @@
+"""The verifier over real gRPC on 127.0.0.1 (tiny model, token ids): the protocol is lossless, every bad
+input gets its status code while the server keeps serving, auth and TLS are enforced, blocks come back
+however a session ends, and a client resumes on another verifier without a visible break."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specedge.cloud.launch import EmbeddedVerifier
+from specedge.cloud.local import LocalVerifier
+from specedge.cloud.server import ServerConfig
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+from specedge.common.tiny_models import tiny_llama
+from specedge.edge.client import ChannelConfig, RemoteVerifier, ResumableSession
+from specedge.edge.drafter import FunctionDrafter
+from specedge.edge.generation import generate
+from specedge.protos import verifier_pb2 as pb
+
+V = 512
+PROMPT = [3, 4, 5, 6, 7, 8, 9, 10] * 3
+GREEDY = SamplingParams(max_new_tokens=24)
+
+
+def tiny_verifier(**config) -> EmbeddedVerifier:
+    hf = tiny_llama(vocab_size=V)
+    hf.generation_config.eos_token_id = None  # run to max_new_tokens: longer sessions to test
+    return EmbeddedVerifier(ServerConfig(model="tiny", port=0, kv_pool_mb=config.pop("kv_pool_mb", 8),
+                                         max_tree_tokens=32, max_new_tokens=256, gather_ms=1.0, **config), (hf, None))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with tiny_verifier(metrics_port=_free_port()) as s:
+        yield s
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def used_blocks(server: EmbeddedVerifier, want: int = 0, wait_s: float = 10.0) -> int:
+    """The pool's used blocks, after waiting up to `wait_s` for them to drop to `want`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        used = server.engine.pool.stats().used
+        if used <= want or time.monotonic() > deadline:
+            return used
+        time.sleep(0.05)
+
+
+def chain_drafts(reference: list[int], depth: int = 4):
+    """Drafts of the true continuation where known, else a wrong token."""
+
+    def draft(committed: list[int]) -> DraftTree:
+        n = len(committed)
+        if committed == reference[:n] and n < len(reference):
+            return DraftTree.chain(reference[n : n + depth])
+        return DraftTree.chain([(committed[-1] + 1) % V])
+
+    return draft
+
+
+def healthy(server: EmbeddedVerifier) -> bool:
+    with grpc.insecure_channel(server.target) as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="specedge.v1.Verifier"))
+    return resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def solo_output(server: EmbeddedVerifier, prompt=PROMPT, params=GREEDY) -> list[int]:
+    return generate(RemoteVerifier(server.target).open(prompt, params)).token_ids
+
+
+# ---- protocol -----------------------------------------------------------------------------------------
+
+
+def test_get_info_describes_model_limits_and_cost(server):
+    info = RemoteVerifier(server.target).info
+    assert info.vocab_size == V and info.model == "tiny" and info.tokenizer_fingerprint == "no-tokenizer"
+    assert info.limits.max_tree_tokens == 32 and info.limits.max_new_tokens == 256
+    assert list(info.cost.tree_tokens)[:2] == [0, 1] and all(ms > 0 for ms in info.cost.ms)
+
+
+def test_remote_sessions_give_exactly_the_in_process_output_for_any_drafts(server):
+    local = LocalVerifier(server.engine)  # the same engine, driven without the network
+    want = generate(local.open(PROMPT, GREEDY)).token_ids
+    for drafts in (None, FunctionDrafter(chain_drafts(PROMPT + want)), FunctionDrafter(lambda c: DraftTree.chain([1, 2]))):
+        got = generate(RemoteVerifier(server.target).open(PROMPT, GREEDY), drafter=drafts)
+        assert got.token_ids == want
+    oracle = generate(RemoteVerifier(server.target).open(PROMPT, GREEDY),
+                      drafter=FunctionDrafter(chain_drafts(PROMPT + want)))
+    assert oracle.rounds < len(want) / 2  # the drafts were really verified remotely
+    assert used_blocks(server) == 0
+
+
+def test_server_side_generate_is_plain_decoding(server):
+    want = solo_output(server)
+    got = [t for tokens in RemoteVerifier(server.target).server_generate(PROMPT, GREEDY) for t in tokens]
+    assert got == want
+    assert used_blocks(server) == 0
+
+
+def test_sampling_with_a_seed_is_reproducible_over_the_wire(server):
+    params = SamplingParams(temperature=1.0, seed=5, max_new_tokens=16)
+    assert solo_output(server, params=params) == solo_output(server, params=params)
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+
+def open_raw(server: EmbeddedVerifier, *requests: pb.SessionRequest, metadata=()) -> list[pb.SessionResponse]:
+    with grpc.insecure_channel(server.target) as ch:
+        call = ch.stream_stream("/specedge.v1.Verifier/Session", request_serializer=pb.SessionRequest.SerializeToString,
+                                response_deserializer=pb.SessionResponse.FromString)
+        return list(call(iter(requests), metadata=metadata, timeout=30))
+
+
+def opening(prompt=PROMPT, **params) -> pb.SessionRequest:
+    return pb.SessionRequest(open=pb.OpenSession(prompt_ids=prompt, params=pb.SamplingParams(**params)))
+
+
+def drafting(tokens, parents) -> pb.SessionRequest:
+    return pb.SessionRequest(draft=pb.DraftTree(tokens=tokens, parents=parents))
+
+
+BAD_SESSIONS = {
+    "empty prompt": ([opening(prompt=[])], grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+    "prompt token out of range": ([opening(prompt=[1, V])], grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+    "negative prompt token": ([opening(prompt=[-3, 1])], grpc.StatusCode.INVALID_ARGUMENT, "outside the vocabulary"),
+    "prompt too long": ([opening(prompt=[1] * 9000)], grpc.StatusCode.INVALID_ARGUMENT, "at most 8192"),
+    "negative temperature": ([opening(temperature=-1)], grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+    "top_p above 1": ([opening(top_p=1.5)], grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+    "negative top_k": ([opening(top_k=-2)], grpc.StatusCode.INVALID_ARGUMENT, "top_k"),
+    "max_new_tokens over the limit": ([opening(max_new_tokens=100_000)], grpc.StatusCode.INVALID_ARGUMENT, "limit"),
+    "draft before open": ([drafting([1], [-1])], grpc.StatusCode.INVALID_ARGUMENT, "first message"),
+    "parent after child": ([opening(), drafting([1, 2], [1, -1])], grpc.StatusCode.INVALID_ARGUMENT, "parent"),
+    "parent is itself": ([opening(), drafting([1, 2], [-1, 1])], grpc.StatusCode.INVALID_ARGUMENT, "parent"),
+    "arrays of different lengths": ([opening(), drafting([1, 2], [-1])], grpc.StatusCode.INVALID_ARGUMENT, "length"),
+    "draft token out of range": ([opening(), drafting([V + 5], [-1])], grpc.StatusCode.INVALID_ARGUMENT, "vocabulary"),
+    "duplicate siblings": ([opening(), drafting([4, 4], [-1, -1])], grpc.StatusCode.INVALID_ARGUMENT, "same token"),
+    "oversized tree": ([opening(), drafting(list(range(40)), list(range(-1, 39)))],
+                       grpc.StatusCode.INVALID_ARGUMENT, "at most 32"),
+    "wrong tokenizer": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, tokenizer_fingerprint="other"))],
+                        grpc.StatusCode.FAILED_PRECONDITION, "fingerprint"),
+    "open twice": ([opening(), opening()], grpc.StatusCode.INVALID_ARGUMENT, "expected a draft"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SESSIONS)
+def test_bad_input_gets_its_status_and_the_server_keeps_serving(server, case):
+    requests, code, message = BAD_SESSIONS[case]
+    with pytest.raises(grpc.RpcError) as err:
+        open_raw(server, *requests)
+    assert err.value.code() == code, err.value.details()
+    assert message in err.value.details()
+    assert healthy(server)
+    assert used_blocks(server) == 0
+    assert len(solo_output(server, params=SamplingParams(max_new_tokens=4))) == 4
+
+
+@pytest.mark.parametrize("garbage", [b"\xff\xff\xff", b"\x0a\x05\x01", b"\x12\x99\x99\x99\x99\x99\x99\x99\x99\x99"])
+def test_undecodable_bytes_get_invalid_argument(server, garbage):
+    with grpc.insecure_channel(server.target) as ch:
+        call = ch.stream_stream("/specedge.v1.Verifier/Session")  # raw bytes both ways
+        with pytest.raises(grpc.RpcError) as err:
+            list(call(iter([garbage]), timeout=30))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        unary = ch.unary_unary("/specedge.v1.Verifier/GetInfo")
+        with pytest.raises(grpc.RpcError) as err:
+            unary(garbage, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert healthy(server)
+
+
+def test_per_client_session_limit():
+    with tiny_verifier(max_sessions_per_client=2) as s:
+        verifier = RemoteVerifier(s.target)
+        held = [verifier.open(PROMPT, GREEDY, client_id="greedy-client") for _ in range(2)]
+        for h in held:
+            h.step(DraftTree.empty())
+        third = verifier.open(PROMPT, GREEDY, client_id="greedy-client")
+        with pytest.raises(grpc.RpcError) as err:
+            third.step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 open sessions" in err.value.details()
+        other = verifier.open(PROMPT, GREEDY, client_id="someone-else")
+        other.step(DraftTree.empty())  # other clients are not affected
+        for h in held + [other]:
+            h.close()
+        assert used_blocks(s) == 0
+
+
+def test_a_prompt_larger_than_the_kv_pool_is_refused_and_others_are_served():
+    with tiny_verifier(kv_pool_mb=1) as s:  # tiny llama: 2 layers x 2 kv heads x 16 dims -> 64 blocks of 16
+        blocks = s.engine.pool.num_blocks
+        with pytest.raises(grpc.RpcError) as err:
+            generate(RemoteVerifier(s.target).open([5] * (blocks * 16 + 10), GREEDY))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "KV pool" in err.value.details()
+        assert len(solo_output(s)) == GREEDY.max_new_tokens
+        assert used_blocks(s) == 0
+
+
+def test_an_idle_session_is_closed_and_its_blocks_released():
+    with tiny_verifier(idle_timeout_s=0.5) as s:
+        session = RemoteVerifier(s.target).open(PROMPT, GREEDY)
+        session.step(DraftTree.empty())
+        assert s.engine.pool.stats().used > 0
+        time.sleep(1.0)
+        with pytest.raises(grpc.RpcError) as err:
+            session.step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert used_blocks(s) == 0
+
+
+def test_a_client_killed_mid_stream_releases_its_blocks(server):
+    baseline = used_blocks(server)
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        from specedge.edge.client import RemoteVerifier
+        from specedge.common.draft_tree import DraftTree
+        from specedge.common.sampling import SamplingParams
+        s = RemoteVerifier({server.target!r}).open({PROMPT * 4!r}, SamplingParams(max_new_tokens=200))
+        s.step(DraftTree.empty())
+        s.step(DraftTree.chain([1, 2, 3]))
+        print("open", flush=True)
+        sys.stdin.readline()
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "open"
+    assert server.engine.pool.stats().used > baseline
+    child.kill()  # SIGKILL: no close, no goodbye
+    child.wait()
+    assert used_blocks(server, baseline) == baseline
+    assert healthy(server)
+
+
+# ---- security -----------------------------------------------------------------------------------------
+
+
+def test_bearer_token_is_required_for_the_verifier_but_not_for_health_checks():
+    with tiny_verifier(auth_token="s3cret") as s:
+        for token in (None, "wrong"):
+            with pytest.raises(grpc.RpcError) as err:
+                RemoteVerifier(s.target, ChannelConfig(auth_token=token))
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            open_raw(s, opening(), metadata=[("authorization", "Bearer wrong")])
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert healthy(s)
+        good = RemoteVerifier(s.target, ChannelConfig(auth_token="s3cret"))
+        assert len(generate(good.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, made with openssl."""
+    d = tmp_path_factory.mktemp("certs")
+
+    def sh(*args):
+        subprocess.run(args, cwd=d, check=True, capture_output=True)
+
+    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+       "-keyout", "ca.key", "-out", "ca.pem")
+    for name in ("server", "client"):
+        sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+           "-out", f"{name}.csr")
+        (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        sh("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+           "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
+    return d
+
+
+def test_tls_is_required_when_configured(certs):
+    with tiny_verifier(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key")) as s:
+        with pytest.raises(grpc.RpcError) as err:
+            RemoteVerifier(s.target, ChannelConfig(rpc_timeout_s=5))  # plaintext client
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        secure = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem")))
+        assert len(generate(secure.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
+
+
+def test_mutual_tls_refuses_clients_without_a_certificate(certs):
+    with tiny_verifier(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"),
+                       tls_client_ca=str(certs / "ca.pem")) as s:
+        with pytest.raises(grpc.RpcError) as err:
+            RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem")))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        mutual = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem"), tls_cert=str(certs / "client.pem"),
+                                                        tls_key=str(certs / "client.key")))
+        assert len(generate(mutual.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
+
+
+# ---- operations ---------------------------------------------------------------------------------------
+
+
+def test_concurrent_sessions_share_engine_steps_and_metrics_show_it(server):
+    import threading
+
+    prompts = [[(7 * i + j) % V for j in range(12 + i)] for i in range(8)]
+    solo = [solo_output(server, p) for p in prompts]
+    results = [None] * len(prompts)
+
+    def run(i):
+        results[i] = solo_output(server, prompts[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.service.config.metrics_port}/metrics").read().decode()
+    multi = [line for line in metrics.splitlines() if line.startswith("specedge_batch_sessions_bucket")]
+    le1 = next(float(l.split()[-1]) for l in multi if 'le="1.0"' in l)
+    total = next(float(l.split()[-1]) for l in multi if 'le="+Inf"' in l)
+    assert total > le1  # some steps carried more than one session
+    assert "specedge_kv_blocks" in metrics and "specedge_step_seconds" in metrics
+    assert used_blocks(server) == 0
+
+
+def test_the_client_resumes_on_another_verifier_and_the_output_is_unbroken():
+    with tiny_verifier() as a, tiny_verifier() as b:
+        params = SamplingParams(max_new_tokens=40)
+        want = solo_output(a, params=params)
+        targets = iter([a.target, b.target])
+        session = ResumableSession(lambda: RemoteVerifier(next(targets)), PROMPT, params, "c", "")
+        steps = [0]
+
+        def kill_a_midway(committed: list[int]) -> DraftTree:
+            steps[0] += 1
+            if steps[0] == 6:
+                a.stop(grace_s=0)  # the verifier goes away mid-generation
+            return DraftTree.chain([(committed[-1] + 1) % V])
+
+        got = generate(session, drafter=FunctionDrafter(kill_a_midway))
+        assert session.resumes == 1
+        assert got.token_ids == want
+        assert used_blocks(b) == 0
+
+
+def test_graceful_shutdown_lets_open_sessions_finish_and_refuses_new_ones():
+    import threading
+
+    s = tiny_verifier()
+    verifier = RemoteVerifier(s.target)
+    session = verifier.open(PROMPT, SamplingParams(max_new_tokens=60))
+    session.step(DraftTree.empty())
+    stopper = threading.Thread(target=s.stop, kwargs={"grace_s": 20})
+    stopper.start()
+    time.sleep(0.3)
+    with pytest.raises(grpc.RpcError) as err:
+        generate(verifier.open(PROMPT, GREEDY))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    for _ in range(10):  # the open session still works while the server drains
+        session.step(DraftTree.empty())
+    session.close()
+    stopper.join(timeout=30)
+    assert not stopper.is_alive()
