@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-BASELINES = ("ar", "hf-ar", "hf-pld", "suffix", "oracle")
+BASELINES = ("ar", "hf-ar", "hf-pld", "suffix", "oracle", "server-ar")
 
 
 def add_parser(commands) -> None:
@@ -29,7 +29,8 @@ def add_parser(commands) -> None:
     )
     b.add_argument("--model", default="smollm2-135m", help="registry name or local Hugging Face model dir")
     b.add_argument("--workload", default=None, metavar="specbench:CAT,...",
-                   help="Spec-Bench categories (e.g. specbench:summarization,rag; specbench:all for every one)")
+                   help="Spec-Bench categories (e.g. specbench:summarization,rag; specbench:all for every one), or "
+                   "shared-doc:N (N prompts with one ~1,400-token document in common and different questions)")
     b.add_argument("--prompts", type=Path, default=None, metavar="FILE.jsonl",
                    help="prompts file: lines with id, category, prompt (or Spec-Bench lines with turns)")
     b.add_argument("--per-category", type=int, default=6, help="prompts per category (Spec-Bench workloads)")
@@ -44,8 +45,11 @@ def add_parser(commands) -> None:
     b.add_argument("--oracle-depth", type=int, default=16, help="draft length of the oracle baseline")
     b.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     b.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
-    b.add_argument("--rtt-ms", default="0", help="network round trip per pass (only 0 so far: in-process)")
-    b.add_argument("--concurrency", default="1", help="concurrent clients (only 1 so far: in-process)")
+    b.add_argument("--rtt-ms", default="0", help="emulated network round trips, comma-separated (gRPC mode)")
+    b.add_argument("--concurrency", default="1",
+                   help="concurrent edge clients, comma-separated (e.g. 1,4,16). Anything but 1, a round trip "
+                   "or the server-ar baseline runs the gRPC mode: clients against a verifier on loopback")
+    b.add_argument("--max-batch-tokens", type=int, default=2048, help="the verifier's per-step token budget (gRPC mode)")
     b.add_argument("--kv-pool-mb", type=int, default=512, help="KV cache budget of the engine in MiB")
     b.add_argument("--out", type=Path, default=Path("bench-out"), help="output directory")
     b.set_defaults(run=run)
@@ -75,6 +79,8 @@ def load_prompts(args: argparse.Namespace) -> list[Prompt]:
             prompts.append(Prompt(str(rec.get("id", rec.get("question_id", n))), rec.get("category", "all"), text))
         return prompts
     kind, _, cats = args.workload.partition(":")
+    if kind == "shared-doc":
+        return shared_document_prompts(int(cats or 16))
     if kind != "specbench" or not cats:
         raise ValueError(f"--workload must look like specbench:CAT,...; got {args.workload!r}")
     wanted = None if cats == "all" else cats.split(",")
@@ -83,6 +89,19 @@ def load_prompts(args: argparse.Namespace) -> list[Prompt]:
     for cat in dict.fromkeys(p.category for p in pool):
         chosen += [p for p in pool if p.category == cat][: args.per_category]
     return [Prompt(p.id, p.category, p.text) for p in chosen]
+
+
+def shared_document_prompts(n: int) -> list[Prompt]:
+    """n prompts that begin with the same ~1,400-token document (two Spec-Bench articles) and then ask
+    different things about it: the case where a verifier's prefix cache stores the document once."""
+    from specedge.common import specbench
+
+    articles = [p.text.removeprefix("Summarize: ") for p in specbench.load(categories=["summarization"])[:2]]
+    document = "Document:\n" + "\n\n".join(articles)
+    asks = ["Summarize the document in one sentence.", "Who are the people in the document?",
+            "Where do the events take place?", "Give the document a title.", "What happened first?",
+            "What happened last?", "List three facts from the document.", "What is the main topic?"]
+    return [Prompt(f"shared-{i}", "shared-doc", f"{document}\n\nTask {i + 1}: {asks[i % len(asks)]}") for i in range(n)]
 
 
 @dataclass
@@ -172,20 +191,32 @@ def run(args: argparse.Namespace) -> int:
     def fail(msg: str) -> SystemExit:
         return SystemExit(f"specedge bench: {msg}")
 
-    if args.rtt_ms not in ("0", "0.0") or args.concurrency != "1":
-        raise fail("--rtt-ms and --concurrency other than 0 and 1 need the gRPC verifier (a later issue)")
+    serving = args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or "server-ar" in args.baselines.split(",")
     try:
         prompts = load_prompts(args)
         hf, tokenizer = load_model(args.model)
         store = open_corpus(args.corpus, tokenizer) if args.corpus else None
         engine = Engine.from_hf_model(hf, kv_pool_bytes=args.kv_pool_mb << 20)
-        methods = Methods(args, hf, tokenizer, engine, store)
-        names = methods.names()
+        if serving:
+            _check_serving_args(args, store)
+        else:
+            methods = Methods(args, hf, tokenizer, engine, store)
+            names = methods.names()
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise fail(str(e))
     chat = args.chat
     encoded = [encode_prompt(tokenizer, p.text, chat=chat) for p in prompts]
     args.out.mkdir(parents=True, exist_ok=True)
+    if serving:
+        from specedge.cli.bench_serving import serving_rows
+
+        def check(method, prompt, ids, want, got):
+            _check_mismatch(engine, method, prompt, ids, want, got)
+
+        rows = serving_rows(args, prompts, encoded, hf, tokenizer, check)
+        _write(args, rows, store)
+        _plot_serving(rows, args.out)
+        return 0
 
     runs: list[Run] = []
     total = args.reps * len(prompts) * len(names)
@@ -206,6 +237,21 @@ def run(args: argparse.Namespace) -> int:
                          f"{len(tokens) / wall:.1f} tokens/s")
     progress(None)
     rows = summarize(runs, names, args)
+    _write(args, rows, store)
+    _plot(rows, args.out)
+    return 0
+
+
+def _check_serving_args(args, store) -> None:
+    unknown = set(b for b in args.baselines.split(",") if b) - {"ar", "server-ar"}
+    if unknown:
+        raise ValueError(f"in gRPC mode (--concurrency/--rtt-ms/server-ar) the baseline is server-ar; "
+                         f"{sorted(unknown)} run in-process only")
+    if store is not None:
+        raise ValueError("--corpus is not supported in gRPC mode yet")
+
+
+def _write(args, rows: list[dict], store) -> None:
     results = {
         "rows": rows,
         "config": {k: str(v) for k, v in vars(args).items() if k != "run"},
@@ -216,9 +262,7 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
     table = markdown(rows)
     (args.out / "results.md").write_text(table)
-    _plot(rows, args.out)
     print(table)
-    return 0
 
 
 def summarize(runs: list[Run], names: list[str], args) -> list[dict]:
@@ -298,6 +342,9 @@ def _check_mismatch(engine, method: str, prompt: Prompt, ids: list[int], want: l
 def markdown(rows: list[dict]) -> str:
     cols = ["method", "category", "n_prompts", "tokens_per_s", "speedup", "decode_speedup", "mean_accepted",
             "draft_ms", "tree_size", "ttft_ms"]
+    if rows and "kv_peak_bytes" in rows[0]:
+        cols = ["method", "concurrency", "rtt_ms", "n_prompts", "tokens_per_s", "speedup", "mean_accepted",
+                "draft_ms", "tree_size", "kv_peak_bytes"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("–" if r[c] is None else str(r[c]) for c in cols) + " |")
@@ -323,6 +370,25 @@ def _plot(rows: list[dict], out: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=120)
+    plt.close(fig)
+
+
+def _plot_serving(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (method, rtt) in dict.fromkeys((r["method"], r["rtt_ms"]) for r in rows):
+        pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows if r["method"] == method and r["rtt_ms"] == rtt)
+        ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=f"{method} (rtt {rtt:g} ms)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent edge clients")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
     plt.close(fig)
 
 

@@ -70,6 +70,7 @@ class KVBlockPool:
         self.cached_ids: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
         self.hash_to_block: dict[int, int] = {}
         self.tables: dict[int, BlockTable] = {}
+        self.peak_used = 0  # most blocks referenced at once, transient draft-tree blocks included
 
     @staticmethod
     def block_bytes(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -190,6 +191,8 @@ class KVBlockPool:
             del self.hash_to_block[block.hash]
             block.hash, block.token_ids = None, ()
         self.blocks[block_id].ref_count = 1
+        used = self.num_blocks - len(self.free_ids) - len(self.cached_ids)
+        self.peak_used = max(self.peak_used, used)
         return block_id
 
     def _ref(self, block_id: int) -> None:

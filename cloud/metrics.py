@@ -26,7 +26,6 @@ class VerifierMetrics:
         self.errors = Counter("specedge_rpc_errors", "RPCs ended with an error status", ["code"], registry=r)
         self.kv_blocks = Gauge("specedge_kv_blocks", "KV pool blocks by state", ["state"], registry=r)
         self.kv_peak_bytes = Gauge("specedge_kv_peak_bytes", "most KV bytes in use at once", registry=r)
-        self._peak = 0
         self.observe_pool()
 
     def on_step(self, s: StepStats) -> None:
@@ -40,12 +39,7 @@ class VerifierMetrics:
         self.kv_blocks.labels("used").set(st.used)
         self.kv_blocks.labels("cached").set(st.cached)
         self.kv_blocks.labels("free").set(st.free)
-        self._peak = max(self._peak, st.used * st.bytes_per_block)
-        self.kv_peak_bytes.set(self._peak)
-
-    def reset_peak(self) -> None:
-        self._peak = 0
-        self.observe_pool()
+        self.kv_peak_bytes.set(self.pool.peak_used * st.bytes_per_block)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

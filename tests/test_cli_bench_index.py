@@ -93,3 +93,17 @@ def test_a_greedy_mismatch_stops_the_benchmark():
     want, wrong = [int(top2.indices[0])], [int(top2.indices[1])]
     with pytest.raises(SystemExit, match="must be lossless"):
         bench._check_mismatch(engine, "broken", bench.Prompt("p", "c", ""), prompt, want, wrong)
+
+
+def test_bench_grpc_mode_measures_concurrency_against_server_side_decoding(tmp_path):
+    out = tmp_path / "serving"
+    assert main(["bench", "--workload", "shared-doc:3", "--concurrency", "1,3", "--max-new-tokens", "8",
+                 "--reps", "1", "--chat", "--baselines", "server-ar", "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {(r["method"], r["concurrency"]) for r in rows} == {(m, c) for m in ("server-ar", "retrieval") for c in (1, 3)}
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["kv_peak_bytes"] > 0 and r["rtt_ms"] == 0.0
+    one = next(r for r in rows if r["method"] == "server-ar" and r["concurrency"] == 1)
+    three = next(r for r in rows if r["method"] == "server-ar" and r["concurrency"] == 3)
+    assert three["kv_peak_bytes"] < 2 * one["kv_peak_bytes"]  # the shared document is stored once
+    assert (out / "throughput.png").stat().st_size > 1000

@@ -1,0 +1,123 @@
+"""End to end on the real default model over gRPC on 127.0.0.1: EdgeClient's greedy output equals
+transformers' generate; 16 concurrent clients each get exactly their solo output while sharing engine
+steps; `specedge serve` and `specedge generate --server` work as separate processes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from specedge.cloud.launch import EmbeddedVerifier
+from specedge.cloud.server import ServerConfig
+from specedge.common import specbench
+from specedge.edge.client import EdgeClient
+
+pytestmark = pytest.mark.real_model
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def verifier(real_model):
+    with EmbeddedVerifier(ServerConfig(model=MODEL, port=0, kv_pool_mb=256), real_model(MODEL)) as v:
+        yield v
+
+
+def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n)
+    return out[0, len(ids) :].tolist()
+
+
+def test_edge_client_greedy_output_equals_transformers_generate(verifier, real_model):
+    hf, tokenizer = real_model(MODEL)
+    client = EdgeClient(verifier.target, drafter="retrieval", tokenizer=tokenizer)
+    for p in specbench.stratified(specbench.load(categories=["summarization", "qa", "writing"]), 3):
+        result = client.generate(p.text, max_new_tokens=40, chat=True)
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        assert result.token_ids == hf_greedy(hf, list(ids), 40), p.id
+        assert result.text == tokenizer.decode(result.token_ids, skip_special_tokens=True)
+    client.close()
+
+
+def test_streamed_text_adds_up_to_the_generated_text(verifier, real_model):
+    _, tokenizer = real_model(MODEL)
+    client = EdgeClient(verifier.target, drafter="retrieval", tokenizer=tokenizer)
+    pieces = list(client.stream("List three colours.", max_new_tokens=24, chat=True))
+    whole = client.generate("List three colours.", max_new_tokens=24, chat=True).text
+    assert len(pieces) > 1 and "".join(pieces) == whole
+
+
+def test_sixteen_concurrent_clients_each_get_their_solo_output(verifier, real_model):
+    _, tokenizer = real_model(MODEL)
+    prompts = [p.text[:400] for p in specbench.stratified(specbench.load(), 16)]
+    solo = []
+    for text in prompts:
+        solo.append(EdgeClient(verifier.target, drafter="retrieval", tokenizer=tokenizer)
+                    .generate(text, max_new_tokens=16, chat=True).token_ids)
+    steps_before = _batch_histogram(verifier)
+    results = [None] * 16
+
+    def run(i: int) -> None:
+        client = EdgeClient(verifier.target, drafter="retrieval", tokenizer=tokenizer)
+        results[i] = client.generate(prompts[i], max_new_tokens=16, chat=True).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+    single, total = (b - a for a, b in zip(steps_before, _batch_histogram(verifier)))
+    assert total > single  # steps with more than one session happened
+    assert verifier.engine.pool.stats().used == 0
+
+
+def _batch_histogram(verifier) -> tuple[float, float]:
+    """(engine steps with one session, all engine steps) so far."""
+    h = verifier.service.metrics.batch_sessions
+    samples = {s.labels["le"]: s.value for m in h.collect() for s in m.samples if s.name.endswith("_bucket")}
+    return samples["1.0"], samples["+Inf"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_and_generate_as_separate_processes_with_auth():
+    port = _free_port()
+    script = Path(sys.executable).with_name("specedge")
+    server = subprocess.Popen([str(script), "serve", "--port", str(port), "--auth-token", "t0k",
+                               "--kv-pool-mb", "64"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+                try:
+                    grpc.channel_ready_future(ch).result(timeout=1)
+                    break
+                except grpc.FutureTimeoutError:
+                    assert server.poll() is None, server.stdout.read()
+        out = subprocess.run([str(script), "generate", "The capital of France is", "--server", f"127.0.0.1:{port}",
+                              "--auth-token", "t0k", "--max-new-tokens", "8", "--json"],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["text"].startswith(" Paris")
+        denied = subprocess.run([str(script), "generate", "hi", "--server", f"127.0.0.1:{port}", "--max-new-tokens", "4"],
+                                capture_output=True, text=True, timeout=300)
+        assert denied.returncode != 0 and "UNAUTHENTICATED" in denied.stderr
+    finally:
+        server.terminate()  # SIGTERM: graceful drain, then exit
+        assert server.wait(timeout=60) == 0
