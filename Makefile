@@ -10,7 +10,7 @@ approved the north span work, asked for a cost estimate for the south span, and 
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml setup.py Makefile $(wildcard protos/specedge/v1/*.proto)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0

@@ -1,9 +1,9 @@
 """VerifyScheduler: one thread owns the engine and runs continuous batches of every session's work.
 
 Requests (open = prefill, verify = one draft tree, close) arrive from any thread as futures. Each engine
-step takes every pending verification, with its tree trimmed so the step stays within `max_batch_tokens`
-(speculation must not make a loaded server slower than plain decoding), then adds prefills while the
-budget and the KV pool allow. A prefill waits a step when another in the same step starts with the same
+step takes every pending verification, with its tree trimmed to the nodes whose expected tokens are worth
+the step time they add at the current load, within `max_batch_tokens` (speculation must not make a loaded
+server slower than plain decoding), then adds prefills while the budget and the KV pool allow. A prefill waits a step when another in the same step starts with the same
 block of tokens, so that it reuses the first one's cached prefix instead of computing and storing its own.
 When the pool cannot hold a request it waits; it fails with KVPoolExhausted only if it could never fit
 or has waited `admission_timeout_s`.
@@ -11,6 +11,7 @@ or has waited `admission_timeout_s`.
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
 import time
@@ -144,10 +145,9 @@ class VerifyScheduler:
         batch: list[_Work] = []
         trees: list[DraftTree] = []
         free_blocks = pool.num_available()
-        # Verifications first: every session gets its own token, then an equal share of what is left.
-        share = max(0, (budget - len(verifies)) // max(1, len(verifies)))
-        for w in verifies:
-            n = min(len(w.tree), share)
+        # Verifications first: every session gets its own token, then draft nodes as far as they pay.
+        sizes = self._tree_sizes(verifies, budget)
+        for w, n in zip(verifies, sizes):
             need = pool.blocks_needed(w.seq.seq_id, len(w.seq.token_ids) + n)
             while n > 0 and need > free_blocks:  # shrink the tree to what the pool can hold
                 n //= 2
@@ -212,6 +212,34 @@ class VerifyScheduler:
             w.future.set_result((w.seq, outcome) if w.kind == "open" else outcome)
         if self.on_step is not None:
             self.on_step(StepStats(len(batch), sum(w.kind == "open" for w in batch), step_tokens, ms))
+
+    def _tree_sizes(self, verifies: list[_Work], budget: int) -> list[int]:
+        """Draft nodes to verify per session. Scored trees (the drafter's acceptance estimates) are merged
+        best node first while a node's expected tokens are worth the step time it adds at this load
+        (the cost model: pass time by tokens in the step), so a crowded step never gets slower per
+        expected token than plain decoding; unscored trees get an equal share of the token budget."""
+        share = max(0, (budget - len(verifies)) // max(1, len(verifies)))
+        if len(verifies) == 1:  # alone, the client's controller (which knows its round trip) decides
+            return [min(len(verifies[0].tree), share)]
+        sizes = [0 if w.tree.scores is not None else min(len(w.tree), share) for w in verifies]
+        scored = [i for i, w in enumerate(verifies) if w.tree.scores is not None and len(w.tree)]
+        if not scored:
+            return sizes
+        cost = self.costs.model()
+        tokens = len(verifies) + sum(sizes)  # in the step so far
+        expected = float(len(verifies))  # tokens committed: every session's own, plus accepted drafts
+        heap = [(-verifies[i].tree.scores[0], i) for i in scored]
+        heapq.heapify(heap)
+        limit = budget - len(verifies)
+        while heap and tokens - len(verifies) < limit:
+            neg_p, i = heapq.heappop(heap)
+            if (expected - neg_p) * cost.ms(tokens - 1) < expected * cost.ms(tokens):
+                break  # the best node left no longer pays for itself; none after it will either
+            expected, tokens, sizes[i] = expected - neg_p, tokens + 1, sizes[i] + 1
+            scores = verifies[i].tree.scores
+            if sizes[i] < len(scores):
+                heapq.heappush(heap, (-scores[sizes[i]], i))
+        return sizes
 
     def _drain_inbox(self) -> None:
         while True:

@@ -16,6 +16,8 @@ class DraftTree:
     # For drafts sampled from a model: parent index (-1 = root) -> the sparse proposal q (token ids,
     # probabilities) from which that parent's children were drawn without replacement, in index order.
     proposals: dict[int, tuple[list[int], list[float]]] | None = None
+    # Optional: the drafter's estimate that each node is accepted (path probability, <= its parent's).
+    scores: list[float] | None = None
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -34,7 +36,8 @@ class DraftTree:
         if n >= len(self):
             return self
         proposals = None if self.proposals is None else {p: q for p, q in self.proposals.items() if p < n}
-        return DraftTree(self.tokens[:n], self.parents[:n], proposals)
+        scores = None if self.scores is None else self.scores[:n]
+        return DraftTree(self.tokens[:n], self.parents[:n], proposals, scores)
 
     def validate(self, vocab_size: int) -> None:
         n = len(self.tokens)
@@ -45,6 +48,11 @@ class DraftTree:
                 raise ValueError(f"node {i}: token {token} is outside the vocabulary [0, {vocab_size})")
             if not -1 <= parent < i:
                 raise ValueError(f"node {i}: parent {parent} must be in [-1, {i}) (-1 = root)")
+        if self.scores is not None:
+            if len(self.scores) != n:
+                raise ValueError(f"{len(self.scores)} scores for {n} nodes")
+            if any(not (0.0 <= x <= 1.0) for x in self.scores):
+                raise ValueError("scores must be probabilities in [0, 1]")
         children = self.children()
         for parent, kids in enumerate(children, start=-1):
             kid_tokens = [self.tokens[c] for c in kids]

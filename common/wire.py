@@ -10,7 +10,7 @@ from specedge.protos import verifier_pb2 as pb
 
 
 def tree_to_pb(tree: DraftTree) -> pb.DraftTree:
-    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents)
+    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, scores=tree.scores or [])
     for parent, (ids, probs) in (tree.proposals or {}).items():
         msg.proposals.add(parent=parent, token_ids=ids, probs=probs)
     return msg
@@ -26,7 +26,7 @@ def tree_from_pb(msg: pb.DraftTree, vocab_size: int, max_nodes: int) -> DraftTre
             if p.parent in proposals:
                 raise ValueError(f"two proposals for node {p.parent}")
             proposals[p.parent] = (list(p.token_ids), list(p.probs))
-    tree = DraftTree(list(msg.tokens), list(msg.parents), proposals)
+    tree = DraftTree(list(msg.tokens), list(msg.parents), proposals, list(msg.scores) if msg.scores else None)
     tree.validate(vocab_size)
     return tree
 

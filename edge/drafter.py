@@ -19,7 +19,11 @@ class Draft:
     accept_probs: list[float] | None = None
 
     def first(self, n: int) -> DraftTree:
-        return self.tree.prefix(n)
+        """The first n nodes, carrying their acceptance estimates for the verifier."""
+        tree = self.tree.prefix(n)
+        if self.accept_probs is not None and tree.scores is None:
+            tree = DraftTree(tree.tokens, tree.parents, tree.proposals, [min(1.0, max(0.0, p)) for p in self.accept_probs[:n]])
+        return tree
 
 
 class Drafter(Protocol):
