@@ -124,18 +124,27 @@ class Methods:
     def __init__(self, args, hf, tokenizer, engine, store) -> None:
         from specedge.cloud.local import LocalVerifier
         from specedge.common.text import eos_token_ids
-        from specedge.edge.controller import TreeSizeController
-        from specedge.edge.registry import make_drafter
 
         self.args, self.hf, self.engine = args, hf, engine
         self.verifier = LocalVerifier(engine)
         self.eos = eos_token_ids(hf)
+        self.store = store
+        self.new_repetition()
+
+    def new_repetition(self) -> None:
+        """Fresh drafters: nothing one repetition learned (SuffixDecoding's cache of earlier responses,
+        the retrieval drafter's acceptance statistics) may carry the answers into the next one."""
+        from specedge.edge.registry import make_drafter
+
+        from specedge.edge.controller import TreeSizeController
+
+        args = self.args
         self.controller = TreeSizeController(args.max_tree)
         self.drafters = {}
         for name in [d for d in args.drafters.split(",") if d]:
             self.drafters[name] = make_drafter(name, None, max_nodes=args.max_tree)
-            if store is not None:  # with and without the long-term datastore, side by side
-                self.drafters[f"{name}+corpus"] = make_drafter(name, store, max_nodes=args.max_tree)
+            if self.store is not None:  # with and without the long-term datastore, side by side
+                self.drafters[f"{name}+corpus"] = make_drafter(name, self.store, max_nodes=args.max_tree)
         self.suffix = None
         if "suffix" in args.baselines.split(","):
             from specedge.edge.suffix_drafter import SuffixDecodingDrafter
@@ -224,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
     # One untimed warm-up generation so the first timed method does not pay for allocations.
     methods.run("ar", encoded[0][:64], None)
     for rep in range(args.reps):
+        methods.new_repetition()
         for p, ids in zip(prompts, encoded):
             reference = None
             for name in names:
