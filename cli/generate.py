@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = None
         if args.server is None:
             hf, tokenizer = load_model(args.model)
-            embedded = EmbeddedVerifier(ServerConfig(model=args.model, kv_pool_mb=args.kv_pool_mb,
+            embedded = EmbeddedVerifier(ServerConfig(model=args.model, port=0, kv_pool_mb=args.kv_pool_mb,
                                                      auth_token=args.auth_token), (hf, tokenizer))
             targets = [embedded.target]
         else:

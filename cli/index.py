@@ -9,7 +9,7 @@ from pathlib import Path
 def add_parser(commands) -> None:
     index = commands.add_parser("index", help="build long-term datastores for retrieval drafting",
                                 description="Long-term datastores for --drafter retrieval --corpus STORE.")
-    actions = index.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = index.add_subparsers(dest="action", required=True, metavar="ACTION", help="what to do")
     build = actions.add_parser(
         "build", help="tokenise files and build a suffix-array datastore",
         description="Tokenise text files (directories recursively; .jsonl files line by line, e.g. past "

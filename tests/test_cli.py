@@ -35,20 +35,28 @@ def run_in_process(capsys, *args: str) -> tuple[int, str, str]:
 def test_every_flag_of_every_command_has_help_text():
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
-    assert "generate" in commands
-    for name, sub in commands.items():
+    assert {"generate", "serve", "index", "bench"} <= set(commands)
+    pending = [(name, sub) for name, sub in commands.items()]
+    while pending:
+        name, sub = pending.pop()
         for action in sub._actions:
             assert action.help, f"specedge {name} {action.option_strings or action.dest} has no help text"
+            if isinstance(action.choices, dict):  # nested subcommands, e.g. `index build`
+                pending += [(f"{name} {n}", p) for n, p in action.choices.items()]
 
 
 def test_help_lists_the_commands_and_generate_help_lists_its_flags():
     top = specedge("--help")
-    assert top.returncode == 0 and "generate" in top.stdout
+    assert top.returncode == 0 and all(c in top.stdout for c in ("generate", "serve", "index", "bench"))
     gen = specedge("generate", "--help")
     assert gen.returncode == 0
     for flag in ["--model", "--drafter", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed",
-                 "--stop", "--chat", "--json", "--kv-pool-mb"]:
+                 "--stop", "--chat", "--json", "--kv-pool-mb", "--server", "--corpus"]:
         assert flag in gen.stdout
+    serve = specedge("serve", "--help")
+    for flag in ["--model", "--host", "--port", "--kv-pool-mb", "--max-batch-tokens", "--auth-token", "--tls-cert",
+                 "--tls-key", "--metrics-port"]:
+        assert flag in serve.stdout
 
 
 @pytest.mark.parametrize("args, message", [
