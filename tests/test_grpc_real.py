@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -96,11 +97,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_and_generate_as_separate_processes_with_auth():
-    port = _free_port()
+def dockerfile_command() -> list[str]:
+    """The verifier command of deploy/Dockerfile (its CMD), to run here without a Docker engine."""
+    line = next(l for l in (Path(__file__).parents[1] / "deploy" / "Dockerfile").read_text().splitlines()
+                if l.startswith("CMD "))
+    return json.loads(line[4:])
+
+
+def test_the_dockerfile_command_serves_and_generate_connects_as_separate_processes_with_auth():
+    port, metrics_port = _free_port(), _free_port()
+    cmd = dockerfile_command()
+    assert cmd[:2] == ["specedge", "serve"]
+    values = {"--host": "127.0.0.1", "--port": str(port), "--metrics-port": str(metrics_port), "--kv-pool-mb": "64"}
+    args = [values.get(prev, a) for prev, a in zip([""] + cmd, cmd)]  # loopback and free ports, same flags
     script = Path(sys.executable).with_name("specedge")
-    server = subprocess.Popen([str(script), "serve", "--port", str(port), "--auth-token", "t0k",
-                               "--kv-pool-mb", "64"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen([str(script), *args[1:], "--auth-token", "t0k"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -118,6 +130,8 @@ def test_serve_and_generate_as_separate_processes_with_auth():
         denied = subprocess.run([str(script), "generate", "hi", "--server", f"127.0.0.1:{port}", "--max-new-tokens", "4"],
                                 capture_output=True, text=True, timeout=300)
         assert denied.returncode != 0 and "UNAUTHENTICATED" in denied.stderr
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert "specedge_sessions_total" in metrics
     finally:
         server.terminate()  # SIGTERM: graceful drain, then exit
         assert server.wait(timeout=60) == 0
