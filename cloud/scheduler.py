@@ -102,7 +102,7 @@ class VerifyScheduler:
 
     def _submit(self, work: _Work) -> Future:
         if self._stopped:
-            work.future.set_exception(RuntimeError("the verifier is shutting down"))
+            _fail(work.future, RuntimeError("the verifier is shutting down"))
         else:
             self._inbox.put(work)
         return work.future
@@ -129,15 +129,18 @@ class VerifyScheduler:
                 self._waiting.append(item)
             self._step()
         for work in self._waiting:  # shutting down
-            if not work.future.done():
-                work.future.set_exception(RuntimeError("the verifier is shutting down"))
+            _fail(work.future, RuntimeError("the verifier is shutting down"))
 
     def _step(self) -> None:
         for work in [w for w in self._waiting if w.kind == "close"]:
             self._waiting.remove(work)
+            for orphan in [w for w in self._waiting if w.kind == "verify" and w.seq is work.seq]:
+                self._waiting.remove(orphan)  # its client went away while it waited
+                _fail(orphan.future, RuntimeError("the session was closed"))
             self.engine.release(work.seq)
             self.active -= 1
-            work.future.set_result(None)
+            if work.future.set_running_or_notify_cancel():
+                work.future.set_result(None)
         verifies = [w for w in self._waiting if w.kind == "verify"]
         opens = [w for w in self._waiting if w.kind == "open"]
         pool = self.engine.pool
@@ -171,7 +174,7 @@ class VerifyScheduler:
                 seq = self.engine.add_sequence(w.prompt_ids, w.params)
             except ValueError as e:
                 self._waiting.remove(w)
-                w.future.set_exception(e)
+                _fail(w.future, e)
                 continue
             need = pool.blocks_needed(seq.seq_id, tokens)
             if need > free_blocks:
@@ -180,7 +183,7 @@ class VerifyScheduler:
                 waited = time.perf_counter() - w.submitted > self.admission_timeout_s
                 if cannot_ever or waited:
                     self._waiting.remove(w)
-                    w.future.set_exception(KVPoolExhausted(
+                    _fail(w.future, KVPoolExhausted(
                         f"KV pool full: the prompt needs {need} blocks of {pool.block_size} tokens, "
                         f"{free_blocks} of {pool.num_blocks} free" + ("" if cannot_ever else " after waiting")))
                 continue
@@ -209,6 +212,11 @@ class VerifyScheduler:
             queue_ms = (start - w.submitted) * 1e3
             own = len(t) + (1 if w.kind == "verify" else len(w.prompt_ids))
             outcome = StepOutcome(v, len(t), queue_ms, ms, others=step_tokens - own, cached_prompt_tokens=w.cached)
+            if not w.future.set_running_or_notify_cancel():  # nobody waits for it any more
+                if w.kind == "open":
+                    self.engine.release(w.seq)
+                    self.active -= 1
+                continue
             w.future.set_result((w.seq, outcome) if w.kind == "open" else outcome)
         if self.on_step is not None:
             self.on_step(StepStats(len(batch), sum(w.kind == "open" for w in batch), step_tokens, ms))
@@ -252,3 +260,8 @@ class VerifyScheduler:
                 return
             self._waiting.append(item)
 
+
+def _fail(future: Future, error: BaseException) -> None:
+    """Fail a request's future unless its waiter has cancelled it (then nobody needs to know)."""
+    if not future.done() and future.set_running_or_notify_cancel():
+        future.set_exception(error)

@@ -100,7 +100,7 @@ class VerifierService:
             op = first.open
             prompt, params, tree = self._validate_open(op.prompt_ids, op.params, op.draft, op.tokenizer_fingerprint)
             client = self._admit(op.client_id or context.peer())
-            seq, outcome = await self._await(self.scheduler.open(prompt, params, tree))
+            seq, outcome = await self._open(prompt, params, tree)
             produced = len(outcome.verdict.tokens)
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
@@ -135,7 +135,7 @@ class VerifierService:
             prompt, params, _ = self._validate_open(req.prompt_ids, req.params, pb.DraftTree(), "")
             client = self._admit(req.client_id or context.peer())
             self.metrics.sessions_total.labels("Generate").inc()
-            seq, outcome = await self._await(self.scheduler.open(prompt, params, DraftTree.empty()))
+            seq, outcome = await self._open(prompt, params, DraftTree.empty())
             produced = 0
             while True:
                 tokens = outcome.verdict.tokens[: params.max_new_tokens - produced]
@@ -200,6 +200,11 @@ class VerifierService:
             if self.sessions_by_client[client] <= 0:
                 del self.sessions_by_client[client]
             self.metrics.sessions.dec()
+
+    async def _open(self, prompt, params, tree):
+        # If the client leaves while its prompt waits, the scheduler sees the request cancelled and frees
+        # the sequence it would have opened.
+        return await self._await(self.scheduler.open(prompt, params, tree))
 
     async def _await(self, future):
         try:

@@ -211,6 +211,21 @@ def test_a_prompt_larger_than_the_kv_pool_is_refused_and_others_are_served():
         assert used_blocks(s) == 0
 
 
+def test_a_client_that_gives_up_while_its_prompt_waits_for_blocks_leaks_nothing():
+    with tiny_verifier(kv_pool_mb=1) as s:
+        blocks = s.engine.pool.num_blocks
+        verifier = RemoteVerifier(s.target)
+        big = verifier.open([5] * ((blocks - 2) * 16), GREEDY)
+        big.step(DraftTree.empty())  # holds nearly every block
+        impatient = RemoteVerifier(s.target, ChannelConfig(rpc_timeout_s=0.5)).open([6] * (4 * 16), GREEDY)
+        with pytest.raises(grpc.RpcError) as err:
+            impatient.step(DraftTree.empty())  # waits for blocks, then its deadline passes
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        big.close()  # now the waiting prompt gets its blocks, and must give them back at once
+        assert used_blocks(s) == 0
+        assert len(solo_output(s)) == GREEDY.max_new_tokens
+
+
 def test_an_idle_session_is_closed_and_its_blocks_released():
     with tiny_verifier(idle_timeout_s=0.5) as s:
         session = RemoteVerifier(s.target).open(PROMPT, GREEDY)
