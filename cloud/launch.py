@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from dataclasses import replace
 
 from specedge.cloud.engine import Engine
@@ -71,6 +72,14 @@ class EmbeddedVerifier:
     @property
     def service(self):
         return self.running.service
+
+    def used_blocks(self, want: int = 0, wait_s: float = 10.0) -> int:
+        """The KV pool's used blocks, after waiting up to `wait_s` for them to drop to `want`. A client's
+        call returns on its last reply; the server releases that session's blocks a moment later."""
+        deadline = time.monotonic() + wait_s
+        while (used := self.engine.pool.stats().used) > want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return used
 
     def stop(self, grace_s: float = 5.0) -> None:
         if self.running is None:

@@ -132,6 +132,8 @@ class VerifyScheduler:
             _fail(work.future, RuntimeError("the verifier is shutting down"))
 
     def _step(self) -> None:
+        for work in [w for w in self._waiting if w.kind != "close" and w.future.cancelled()]:
+            self._waiting.remove(work)  # its client gave up before it ran
         for work in [w for w in self._waiting if w.kind == "close"]:
             self._waiting.remove(work)
             for orphan in [w for w in self._waiting if w.kind == "verify" and w.seq is work.seq]:

@@ -51,16 +51,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def used_blocks(server: EmbeddedVerifier, want: int = 0, wait_s: float = 10.0) -> int:
-    """The pool's used blocks, after waiting up to `wait_s` for them to drop to `want`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        used = server.engine.pool.stats().used
-        if used <= want or time.monotonic() > deadline:
-            return used
-        time.sleep(0.05)
-
-
 def chain_drafts(reference: list[int], depth: int = 4):
     """Drafts of the true continuation where known, else a wrong token."""
 
@@ -102,14 +92,14 @@ def test_remote_sessions_give_exactly_the_in_process_output_for_any_drafts(serve
     oracle = generate(RemoteVerifier(server.target).open(PROMPT, GREEDY),
                       drafter=FunctionDrafter(chain_drafts(PROMPT + want)))
     assert oracle.rounds < len(want) / 2  # the drafts were really verified remotely
-    assert used_blocks(server) == 0
+    assert server.used_blocks() == 0
 
 
 def test_server_side_generate_is_plain_decoding(server):
     want = solo_output(server)
     got = [t for tokens in RemoteVerifier(server.target).server_generate(PROMPT, GREEDY) for t in tokens]
     assert got == want
-    assert used_blocks(server) == 0
+    assert server.used_blocks() == 0
 
 
 def test_sampling_with_a_seed_is_reproducible_over_the_wire(server):
@@ -166,7 +156,7 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(server, case):
     assert err.value.code() == code, err.value.details()
     assert message in err.value.details()
     assert healthy(server)
-    assert used_blocks(server) == 0
+    assert server.used_blocks() == 0
     assert len(solo_output(server, params=SamplingParams(max_new_tokens=4))) == 4
 
 
@@ -198,7 +188,7 @@ def test_per_client_session_limit():
         other.step(DraftTree.empty())  # other clients are not affected
         for h in held + [other]:
             h.close()
-        assert used_blocks(s) == 0
+        assert s.used_blocks() == 0
 
 
 def test_a_prompt_larger_than_the_kv_pool_is_refused_and_others_are_served():
@@ -208,7 +198,7 @@ def test_a_prompt_larger_than_the_kv_pool_is_refused_and_others_are_served():
             generate(RemoteVerifier(s.target).open([5] * (blocks * 16 + 10), GREEDY))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "KV pool" in err.value.details()
         assert len(solo_output(s)) == GREEDY.max_new_tokens
-        assert used_blocks(s) == 0
+        assert s.used_blocks() == 0
 
 
 def test_a_client_that_gives_up_while_its_prompt_waits_for_blocks_leaks_nothing():
@@ -222,7 +212,7 @@ def test_a_client_that_gives_up_while_its_prompt_waits_for_blocks_leaks_nothing(
             impatient.step(DraftTree.empty())  # waits for blocks, then its deadline passes
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         big.close()  # now the waiting prompt gets its blocks, and must give them back at once
-        assert used_blocks(s) == 0
+        assert s.used_blocks() == 0
         assert len(solo_output(s)) == GREEDY.max_new_tokens
 
 
@@ -235,11 +225,11 @@ def test_an_idle_session_is_closed_and_its_blocks_released():
         with pytest.raises(grpc.RpcError) as err:
             session.step(DraftTree.empty())
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        assert used_blocks(s) == 0
+        assert s.used_blocks() == 0
 
 
 def test_a_client_killed_mid_stream_releases_its_blocks(server):
-    baseline = used_blocks(server)
+    baseline = server.used_blocks()
     script = textwrap.dedent(f"""
         import os, signal, sys
         from specedge.edge.client import RemoteVerifier
@@ -256,7 +246,7 @@ def test_a_client_killed_mid_stream_releases_its_blocks(server):
     assert server.engine.pool.stats().used > baseline
     child.kill()  # SIGKILL: no close, no goodbye
     child.wait()
-    assert used_blocks(server, baseline) == baseline
+    assert server.used_blocks(baseline) == baseline
     assert healthy(server)
 
 
@@ -341,7 +331,7 @@ def test_concurrent_sessions_share_engine_steps_and_metrics_show_it(server):
     total = next(float(l.split()[-1]) for l in multi if 'le="+Inf"' in l)
     assert total > le1  # some steps carried more than one session
     assert "specedge_kv_blocks" in metrics and "specedge_step_seconds" in metrics
-    assert used_blocks(server) == 0
+    assert server.used_blocks() == 0
 
 
 def test_the_client_resumes_on_another_verifier_and_the_output_is_unbroken():
@@ -361,7 +351,7 @@ def test_the_client_resumes_on_another_verifier_and_the_output_is_unbroken():
         got = generate(session, drafter=FunctionDrafter(kill_a_midway))
         assert session.resumes == 1
         assert got.token_ids == want
-        assert used_blocks(b) == 0
+        assert b.used_blocks() == 0
 
 
 def test_graceful_shutdown_lets_open_sessions_finish_and_refuses_new_ones():

@@ -81,7 +81,7 @@ def test_sixteen_concurrent_clients_each_get_their_solo_output(verifier, real_mo
     assert results == solo
     single, total = (b - a for a, b in zip(steps_before, _batch_histogram(verifier)))
     assert total > single  # steps with more than one session happened
-    assert verifier.engine.pool.stats().used == 0
+    assert verifier.used_blocks() == 0
 
 
 def _batch_histogram(verifier) -> tuple[float, float]:
