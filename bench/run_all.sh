@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every benchmark behind BENCHMARKS.md sections 2 and 3, one after another (run nothing else meanwhile:
+# the machine has 2 cores). About 100 minutes on a 2-core CPU. Outputs go to bench-out/.
+#   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+OUT=bench-out
+mkdir -p "$OUT"
+OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting)
+
+for step in "${steps[@]}"; do
+  echo "=== $step $(date -u +%H:%M:%S)"
+  case $step in
+    past)  # sampled earlier answers to the rag prompts: the long-term datastore of the RAG comparison
+      $BIN/python bench/past_outputs.py --category rag --per-category 6 --samples 2 -o $OUT/rag-past.jsonl ;;
+    spec-main)
+      $BIN/specedge bench --workload specbench:summarization,rag --per-category 6 --max-new-tokens 128 \
+        --reps 3 --chat --baselines ar,hf-pld,suffix,oracle --corpus $OUT/rag-past.jsonl --out $OUT/spec-main ;;
+    serving)
+      $BIN/specedge bench --workload specbench:summarization,rag --per-category 4 --max-new-tokens 128 \
+        --reps 2 --chat --concurrency 1,4,16 --baselines server-ar --out $OUT/serving ;;
+    shared-doc)
+      $BIN/specedge bench --workload shared-doc:16 --max-new-tokens 64 --reps 1 --chat \
+        --concurrency 1,16 --baselines server-ar --out $OUT/shared-doc ;;
+    spec-other)
+      $BIN/specedge bench --workload specbench:$OTHER --per-category 2 --max-new-tokens 128 \
+        --reps 2 --chat --baselines ar,suffix --out $OUT/spec-other ;;
+    drafting)
+      $BIN/python bench/drafting_bench.py --out $OUT/drafting ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
