@@ -22,6 +22,8 @@ def add_parser(commands) -> None:
     s.add_argument("--max-prompt-tokens", type=int, default=8192, help="longest prompt accepted")
     s.add_argument("--max-new-tokens", type=int, default=4096, help="most tokens one session may generate")
     s.add_argument("--max-sessions-per-client", type=int, default=64, help="open sessions per client id")
+    s.add_argument("--max-tokens-per-client", type=int, default=0,
+                   help="tokens (prompt + max_new_tokens) a client's open sessions may claim together; 0 = no limit")
     s.add_argument("--idle-timeout-s", type=float, default=300.0, help="close sessions idle this long")
     s.add_argument("--auth-token", default=None, help="require `authorization: Bearer TOKEN` metadata")
     s.add_argument("--tls-cert", default=None, help="PEM certificate: serve TLS (with --tls-key)")
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, host=args.host, port=args.port, kv_pool_mb=args.kv_pool_mb,
         max_batch_tokens=args.max_batch_tokens, max_tree_tokens=args.max_tree_tokens,
         max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-        max_sessions_per_client=args.max_sessions_per_client, idle_timeout_s=args.idle_timeout_s,
+        max_sessions_per_client=args.max_sessions_per_client, max_tokens_per_client=args.max_tokens_per_client,
+        idle_timeout_s=args.idle_timeout_s,
         auth_token=args.auth_token, tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
         metrics_port=args.metrics_port)
     try:

@@ -44,6 +44,7 @@ class ServerConfig:
     max_tree_tokens: int = 128
     max_new_tokens: int = 4096
     max_sessions_per_client: int = 64
+    max_tokens_per_client: int = 0  # prompt + max_new_tokens over a client's open sessions; 0 = no limit
     idle_timeout_s: float = 300.0
     auth_token: str | None = None
     tls_cert: str | None = None  # PEM files
@@ -67,6 +68,7 @@ class VerifierService:
         self.scheduler = VerifyScheduler(engine, config.max_batch_tokens, config.gather_ms,
                                          on_step=self.metrics.on_step)
         self.sessions_by_client: Counter[str] = Counter()
+        self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
         self.draining = False
 
     # ---- RPCs -------------------------------------------------------------------------------------
@@ -86,11 +88,12 @@ class VerifierService:
             eos_token_ids=self.eos_ids, server_version=__version__,
             limits=pb.Limits(max_prompt_tokens=c.max_prompt_tokens, max_tree_tokens=c.max_tree_tokens,
                              max_new_tokens=c.max_new_tokens, max_sessions_per_client=c.max_sessions_per_client,
+                             max_tokens_per_client=c.max_tokens_per_client,
                              max_batch_tokens=c.max_batch_tokens),
             cost=wire.cost_to_pb(self.scheduler.costs.model(), self.scheduler.active))
 
     async def Session(self, requests, context):
-        seq, client, started = None, None, time.perf_counter()
+        seq, client, claim, started = None, None, 0, time.perf_counter()
         try:
             first = await self._next(requests, context)
             if first is None:
@@ -99,7 +102,7 @@ class VerifierService:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be `open`")
             op = first.open
             prompt, params, tree = self._validate_open(op.prompt_ids, op.params, op.draft, op.tokenizer_fingerprint)
-            client = self._admit(op.client_id or context.peer())
+            client, claim = self._admit(op.client_id or context.peer(), len(prompt) + params.max_new_tokens)
             seq, outcome = await self._open(prompt, params, tree)
             produced = len(outcome.verdict.tokens)
             self.metrics.sessions_total.labels("Session").inc()
@@ -125,15 +128,15 @@ class VerifierService:
             self.metrics.errors.labels(e.code.name).inc()
             await context.abort(e.code, e.message)
         finally:
-            self._release(seq, client)
+            self._release(seq, client, claim)
             _log("session_end", client=client, seconds=round(time.perf_counter() - started, 3))
 
     async def Generate(self, raw: bytes, context):
-        seq, client = None, None
+        seq, client, claim = None, None, 0
         try:
             req = _parse(pb.GenerateRequest, raw)
             prompt, params, _ = self._validate_open(req.prompt_ids, req.params, pb.DraftTree(), "")
-            client = self._admit(req.client_id or context.peer())
+            client, claim = self._admit(req.client_id or context.peer(), len(prompt) + params.max_new_tokens)
             self.metrics.sessions_total.labels("Generate").inc()
             seq, outcome = await self._open(prompt, params, DraftTree.empty())
             produced = 0
@@ -149,7 +152,7 @@ class VerifierService:
             self.metrics.errors.labels(e.code.name).inc()
             await context.abort(e.code, e.message)
         finally:
-            self._release(seq, client)
+            self._release(seq, client, claim)
 
     # ---- helpers ----------------------------------------------------------------------------------
 
@@ -184,21 +187,29 @@ class VerifierService:
         except ValueError as e:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft tree: {e}")
 
-    def _admit(self, client: str) -> str:
-        if self.sessions_by_client[client] >= self.config.max_sessions_per_client:
+    def _admit(self, client: str, tokens: int) -> tuple[str, int]:
+        """Count a new session (which may come to hold `tokens` tokens of KV) against its client's limits."""
+        c = self.config
+        if self.sessions_by_client[client] >= c.max_sessions_per_client:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {client!r} already has {self.config.max_sessions_per_client} open sessions")
+                         f"client {client!r} already has {c.max_sessions_per_client} open sessions")
+        if c.max_tokens_per_client and self.tokens_by_client[client] + tokens > c.max_tokens_per_client:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"client {client!r} has sessions claiming {self.tokens_by_client[client]} tokens; this one "
+                         f"(prompt + max_new_tokens = {tokens}) would pass its limit of {c.max_tokens_per_client}")
         self.sessions_by_client[client] += 1
+        self.tokens_by_client[client] += tokens
         self.metrics.sessions.inc()
-        return client
+        return client, tokens
 
-    def _release(self, seq, client: str | None) -> None:
+    def _release(self, seq, client: str | None, tokens: int) -> None:
         if seq is not None:
             self.scheduler.close(seq)  # the scheduler frees the blocks; nothing to wait for
         if client is not None:
-            self.sessions_by_client[client] -= 1
-            if self.sessions_by_client[client] <= 0:
-                del self.sessions_by_client[client]
+            for usage, amount in ((self.sessions_by_client, 1), (self.tokens_by_client, tokens)):
+                usage[client] -= amount
+                if usage[client] <= 0:
+                    del usage[client]
             self.metrics.sessions.dec()
 
     async def _open(self, prompt, params, tree):

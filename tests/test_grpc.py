@@ -191,6 +191,28 @@ def test_per_client_session_limit():
         assert s.used_blocks() == 0
 
 
+def test_per_client_token_limit_counts_prompt_plus_max_new_tokens_and_is_given_back_on_close():
+    claim = len(PROMPT) + GREEDY.max_new_tokens
+    with tiny_verifier(max_tokens_per_client=2 * claim + 30) as s:
+        verifier = RemoteVerifier(s.target)
+        assert verifier.info.limits.max_tokens_per_client == 2 * claim + 30
+        held = [verifier.open(PROMPT, GREEDY, client_id="big-client") for _ in range(2)]
+        for h in held:
+            h.step(DraftTree.empty())
+        third = verifier.open(PROMPT, GREEDY, client_id="big-client")
+        with pytest.raises(grpc.RpcError) as err:
+            third.step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "would pass its limit" in err.value.details()
+        small = verifier.open(PROMPT, SamplingParams(max_new_tokens=4), client_id="big-client")
+        assert len(generate(small).token_ids) == 4  # a session that fits in what is left is served
+        held.pop().close()
+        again = verifier.open(PROMPT, GREEDY, client_id="big-client")
+        assert len(generate(again).token_ids) == GREEDY.max_new_tokens  # the closed session's claim was given back
+        for h in held:
+            h.close()
+        assert s.used_blocks() == 0
+
+
 def test_a_prompt_larger_than_the_kv_pool_is_refused_and_others_are_served():
     with tiny_verifier(kv_pool_mb=1) as s:  # tiny llama: 2 layers x 2 kv heads x 16 dims -> 64 blocks of 16
         blocks = s.engine.pool.num_blocks
