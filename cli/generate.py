@@ -54,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
     from specedge.common.model_registry import load_model
     from specedge.common.sampling import SamplingParams
     from specedge.edge.client import ChannelConfig, EdgeClient
-    from specedge.edge.corpus import open_corpus
     from specedge.edge.registry import make_drafter
 
     def fail(msg: str) -> SystemExit:
@@ -64,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))  # reject bad values early
-        make_drafter(args.drafter)  # and a bad --drafter, before the slow model load
+        if make_drafter(args.drafter) is None and args.corpus:  # a bad --drafter too, before the slow model load
+            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
         if args.max_tree < 0:
             raise ValueError(f"--max-tree must be >= 0, got {args.max_tree}")
         channel = ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
@@ -77,9 +77,8 @@ def run(args: argparse.Namespace) -> int:
             targets = [embedded.target]
         else:
             targets = args.server
-        client = EdgeClient(targets, drafter="none", tokenizer=tokenizer, channel=channel, max_tree=args.max_tree)
-        store = open_corpus(args.corpus, client.tokenizer) if args.corpus else None
-        client.drafter = make_drafter(args.drafter, store, max_nodes=args.max_tree)
+        client = EdgeClient(targets, drafter=args.drafter, tokenizer=tokenizer, corpus=args.corpus or None,
+                            channel=channel, max_tree=args.max_tree)
         result = client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                  top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
                                  chat=args.chat)

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
@@ -30,6 +31,8 @@ from specedge.common.sampling import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.text import encode_prompt, stop_at_strings, tokenizer_fingerprint
 from specedge.edge.controller import TreeSizeController
+from specedge.edge.corpus import open_corpus
+from specedge.edge.datastore import Datastore
 from specedge.edge.generation import GenerationResult, generate
 from specedge.protos import verifier_pb2 as pb
 
@@ -191,8 +194,13 @@ class ClientResult:
 
 
 class EdgeClient:
-    def __init__(self, targets: str | list[str], drafter: str = "retrieval", tokenizer=None, corpus=None,
-                 channel: ChannelConfig | None = None, client_id: str | None = None, max_tree: int = 64) -> None:
+    """A client of one verifier (or several, tried in turn): drafts on this device, verifies remotely.
+    `corpus` is a long-term datastore for the drafter: a Datastore, or paths of files or a built datastore.
+    Thread-safe: concurrent generate and stream calls share the connection."""
+
+    def __init__(self, targets: str | list[str], drafter: str = "retrieval", tokenizer=None,
+                 corpus: Datastore | list[str | Path] | None = None, channel: ChannelConfig | None = None,
+                 client_id: str | None = None, max_tree: int = 64) -> None:
         from specedge.edge.registry import make_drafter
 
         self.targets = [targets] if isinstance(targets, str) else list(targets)
@@ -213,9 +221,15 @@ class EdgeClient:
             raise ValueError(f"this tokenizer ({self.fingerprint}) is not the verifier's "
                              f"({info.tokenizer_fingerprint}, model {info.model}): token ids would not match")
         self.eos_ids = list(info.eos_token_ids)
-        self.drafter = make_drafter(drafter, corpus, max_nodes=max_tree)
-        self.controller = TreeSizeController(max_tree)
-        self.max_tree = max_tree
+        if corpus is not None and not isinstance(corpus, Datastore):
+            corpus = open_corpus([Path(p) for p in corpus], tokenizer)
+        self.corpus, self.max_tree = corpus, max_tree
+        self._new_drafter = lambda: make_drafter(drafter, corpus, max_nodes=max_tree)
+        self._new_drafter()  # an unknown drafter name fails here, not at the first generate
+        # Drafters and controllers learn across generations but hold one generation's state at a time:
+        # concurrent generate calls each take an idle pair, or a new one.
+        self._idle: list[tuple] = []
+        self._idle_lock = threading.Lock()
 
     def _connect(self) -> RemoteVerifier:
         last = None
@@ -243,7 +257,14 @@ class EdgeClient:
 
         session = ResumableSession(connect, ids, params, self.client_id, self.fingerprint)
         stop_check = stop_at_strings(self.tokenizer, params.stop) if params.stop else None
-        result = generate(session, self.eos_ids, self.drafter, self.controller, stop_check, on_tokens)
+        with self._idle_lock:
+            drafter, controller = self._idle.pop() if self._idle else (self._new_drafter(),
+                                                                       TreeSizeController(self.max_tree))
+        try:
+            result = generate(session, self.eos_ids, drafter, controller, stop_check, on_tokens)
+        finally:
+            with self._idle_lock:
+                self._idle.append((drafter, controller))
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         for s in params.stop:
             text = text.split(s)[0]

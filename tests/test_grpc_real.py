@@ -1,9 +1,11 @@
 """End to end on the real default model over gRPC on 127.0.0.1: EdgeClient's greedy output equals
 transformers' generate; 16 concurrent clients each get exactly their solo output while sharing engine
-steps; `specedge serve` and `specedge generate --server` work as separate processes."""
+steps; one AsyncEdgeClient runs concurrent generations; `specedge serve` and `specedge generate --server`
+work as separate processes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -20,7 +22,7 @@ import torch
 from specedge.cloud.launch import EmbeddedVerifier
 from specedge.cloud.server import ServerConfig
 from specedge.common import specbench
-from specedge.edge.client import EdgeClient
+from specedge.edge.client import AsyncEdgeClient, EdgeClient
 
 pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m"
@@ -82,6 +84,24 @@ def test_sixteen_concurrent_clients_each_get_their_solo_output(verifier, real_mo
     single, total = (b - a for a, b in zip(steps_before, _batch_histogram(verifier)))
     assert total > single  # steps with more than one session happened
     assert verifier.used_blocks() == 0
+
+
+def test_async_client_runs_concurrent_generations_each_equal_to_its_solo_output(verifier, real_model):
+    _, tokenizer = real_model(MODEL)
+    prompts = [p.text[:400] for p in specbench.stratified(specbench.load(categories=["summarization", "rag", "qa"]), 3)]
+    client = EdgeClient(verifier.target, drafter="retrieval", tokenizer=tokenizer)
+    solo = [client.generate(text, max_new_tokens=16, chat=True).token_ids for text in prompts]
+
+    async def main():
+        shared = AsyncEdgeClient(verifier.target, drafter="retrieval", tokenizer=tokenizer)
+        results = await asyncio.gather(*(shared.generate(text, max_new_tokens=16, chat=True) for text in prompts))
+        pieces = [piece async for piece in shared.stream(prompts[0], max_new_tokens=16, chat=True)]
+        await shared.close()
+        return results, pieces
+
+    results, pieces = asyncio.run(main())
+    assert [r.token_ids for r in results] == solo
+    assert len(pieces) > 1 and "".join(pieces) == results[0].text
 
 
 def _batch_histogram(verifier) -> tuple[float, float]:
