@@ -7,6 +7,7 @@ hits all of them alike. Greedy outputs of every method are checked against `ar` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import statistics
@@ -246,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"rep {rep + 1}/{args.reps} {p.category}/{p.id} {name}: "
                          f"{len(tokens) / wall:.1f} tokens/s")
     progress(None)
+    with open(args.out / "runs.jsonl", "w") as f:  # every generation, for analyses the table does not do
+        f.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in runs)
     rows = summarize(runs, names, args)
     _write(args, rows, store)
     _plot(rows, args.out)

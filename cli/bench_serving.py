@@ -3,8 +3,10 @@
 Each (concurrency, rtt) level runs every method on the same jobs: `server-ar` (clients call Generate, the
 verifier decodes with continuous batching) and each drafter (clients draft, the verifier batches the
 trees of all sessions). Aggregate tokens/s is all tokens over the level's wall time. The round trip is
-emulated in the client (half before each request, half after the answer); clients are threads of this
-process, the verifier runs on another thread with its own engine.
+emulated in the client (half before each request, half after the answer). Clients are threads of this
+process; the verifier is `specedge serve` in a child process, as deployed (sharing this process's GIL
+with sixteen clients would slow its engine thread), started afresh for every measurement so that no
+method finds another's prompts in the prefix cache.
 """
 
 from __future__ import annotations
@@ -102,9 +104,9 @@ def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurre
 def serving_rows(args, prompts, encoded, hf, tokenizer, check) -> list[dict]:
     """Rows for every (method, concurrency, rtt) level; `check(method, prompt, ids, want, got)` raises on a
     greedy mismatch."""
-    from specedge.cloud.launch import EmbeddedVerifier
-    from specedge.cloud.server import ServerConfig
+    from specedge.cloud.launch import VerifierProcess
     from specedge.common.text import eos_token_ids
+    from specedge.edge.client import RemoteVerifier
     from specedge.edge.registry import make_drafter
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
@@ -113,49 +115,50 @@ def serving_rows(args, prompts, encoded, hf, tokenizer, check) -> list[dict]:
     methods = ["server-ar", *drafters]
     eos = eos_token_ids(hf)
     rows = []
-    config = ServerConfig(model=args.model, port=0, kv_pool_mb=args.kv_pool_mb, max_batch_tokens=args.max_batch_tokens,
-                          max_tree_tokens=max(args.max_tree, 1), max_sessions_per_client=1024)
-    with EmbeddedVerifier(config, (hf, tokenizer)) as verifier:
-        pool = verifier.engine.pool
-        for concurrency in levels:
-            jobs = [encoded[i % len(encoded)] for i in range(max(len(encoded), concurrency))]
-            for rtt in rtts:
-                per_method: dict[str, list[tuple[float, float, list[JobResult]]]] = {m: [] for m in methods}
-                for rep in range(args.reps):
-                    for method in methods:
-                        pool.drop_cached()
-                        pool.peak_used = pool.stats().used
+    serve_args = ["--model", args.model, "--kv-pool-mb", str(args.kv_pool_mb), "--max-batch-tokens",
+                  str(args.max_batch_tokens), "--max-tree-tokens", str(max(args.max_tree, 1)),
+                  "--max-sessions-per-client", "1024", "--grace-s", "0"]
+    warm_up = SamplingParams(max_new_tokens=8)
+    for concurrency in levels:
+        jobs = [encoded[i % len(encoded)] for i in range(max(len(encoded), concurrency))]
+        for rtt in rtts:
+            per_method: dict[str, list[tuple[float, float, list[JobResult]]]] = {m: [] for m in methods}
+            for rep in range(args.reps):
+                for method in methods:
+                    with VerifierProcess(*serve_args) as verifier:
+                        warm = RemoteVerifier(verifier.target)
+                        list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
+                        warm.close()
                         results, wall = run_level(
                             verifier.target, method, jobs, concurrency, rtt, args.max_new_tokens, eos,
                             lambda: make_drafter(method, None, max_nodes=args.max_tree), args.max_tree)
-                        peak = pool.peak_used * pool.bytes_per_block
-                        per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
-                        print(f"[serving] concurrency {concurrency} rtt {rtt:g} ms rep {rep + 1} {method}: "
-                              f"{per_method[method][-1][0]:.1f} tokens/s, KV peak {peak / 2**20:.1f} MiB",
-                              flush=True)
-                reference = {r.prompt: r.tokens for r in per_method["server-ar"][0][2]}
-                for method in drafters:
-                    for _, _, results in per_method[method]:
-                        for r in results:
-                            if r.tokens != reference[r.prompt]:
-                                p = prompts[r.prompt % len(prompts)]
-                                check(method, p, jobs[r.prompt], reference[r.prompt], r.tokens)
-                base = [tps for tps, _, _ in per_method["server-ar"]]
-                for method in methods:
-                    runs = per_method[method]
-                    every = [r for _, _, results in runs for r in results]
-                    rounds = [r.rounds for r in every if r.rounds]
-                    drafts = [ms for r in every for ms in r.draft_ms]
-                    sizes = [s for r in every for s in r.tree_sizes]
-                    rows.append({
-                        "method": method, "category": "all", "n_prompts": len(jobs), "concurrency": concurrency,
-                        "rtt_ms": rtt, "tokens_per_s": round(statistics.median(t for t, _, _ in runs), 3),
-                        "speedup": round(statistics.median(t / b for (t, _, _), b in zip(runs, base)), 3),
-                        "mean_accepted": round(sum(len(r.tokens) for r in every if r.rounds) / sum(rounds), 3)
-                        if rounds else None,
-                        "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
-                        "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
-                        "kv_peak_bytes": int(max(peak for _, peak, _ in runs)),
-                        "baseline": "server-ar", "reps": args.reps,
-                    })
+                        peak = verifier.metric("specedge_kv_peak_bytes")
+                    per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
+                    print(f"[serving] concurrency {concurrency} rtt {rtt:g} ms rep {rep + 1} {method}: "
+                          f"{per_method[method][-1][0]:.1f} tokens/s, KV peak {peak / 2**20:.1f} MiB", flush=True)
+            reference = {r.prompt: r.tokens for r in per_method["server-ar"][0][2]}
+            for method in drafters:
+                for _, _, results in per_method[method]:
+                    for r in results:
+                        if r.tokens != reference[r.prompt]:
+                            p = prompts[r.prompt % len(prompts)]
+                            check(method, p, jobs[r.prompt], reference[r.prompt], r.tokens)
+            base = [tps for tps, _, _ in per_method["server-ar"]]
+            for method in methods:
+                runs = per_method[method]
+                every = [r for _, _, results in runs for r in results]
+                rounds = [r.rounds for r in every if r.rounds]
+                drafts = [ms for r in every for ms in r.draft_ms]
+                sizes = [s for r in every for s in r.tree_sizes]
+                rows.append({
+                    "method": method, "category": "all", "n_prompts": len(jobs), "concurrency": concurrency,
+                    "rtt_ms": rtt, "tokens_per_s": round(statistics.median(t for t, _, _ in runs), 3),
+                    "speedup": round(statistics.median(t / b for (t, _, _), b in zip(runs, base)), 3),
+                    "mean_accepted": round(sum(len(r.tokens) for r in every if r.rounds) / sum(rounds), 3)
+                    if rounds else None,
+                    "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
+                    "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
+                    "kv_peak_bytes": int(max(peak for _, peak, _ in runs)),
+                    "baseline": "server-ar", "reps": args.reps,
+                })
     return rows

@@ -1,13 +1,21 @@
-"""Starting a verifier: from a model name to a serving gRPC server, in the foreground (`specedge serve`)
-or on a background thread of this process (the embedded verifier of `specedge generate` and tests)."""
+"""Starting a verifier: from a model name to a serving gRPC server, in the foreground (`specedge serve`),
+on a background thread of this process (the embedded verifier of `specedge generate` and tests), or as
+a child process (benchmarks of serving)."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import replace
+
+import grpc
 
 from specedge.cloud.engine import Engine
 from specedge.cloud.server import RunningServer, ServerConfig, start_server
@@ -94,3 +102,73 @@ class EmbeddedVerifier:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class VerifierProcess:
+    """`specedge serve` as a child process on loopback ports, as it runs in a deployment: its own
+    interpreter and GIL, apart from the clients. For benchmarks and tests."""
+
+    def __init__(self, *serve_args: str, startup_s: float = 300.0) -> None:
+        self.port, self.metrics_port = free_port(), free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "specedge.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             "--metrics-port", str(self.metrics_port), *serve_args],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_serving(startup_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_serving(self, startup_s: float) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        deadline = time.monotonic() + startup_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the verifier exited with {self._proc.returncode}:\n{self.output()}")
+            with grpc.insecure_channel(self.target) as channel:
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+            time.sleep(0.2)
+        raise TimeoutError(f"the verifier did not start serving within {startup_s:.0f} s:\n{self.output()}")
+
+    def metric(self, name: str) -> float:
+        """The value of an unlabelled Prometheus metric of the verifier."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise KeyError(f"the verifier has no metric {name}")
+
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()  # SIGTERM: drain, then exit
+            try:
+                self._proc.wait(grace_s + 10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> VerifierProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self._log.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -69,6 +69,10 @@ def test_bench_runs_every_method_and_writes_results_table_and_plot(tmp_path, cap
     assert oracle["mean_accepted"] > 3
     assert (out / "results.md").read_text().startswith("| method |")
     assert (out / "speedup.png").stat().st_size > 1000
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert sorted((r["prompt"], r["method"]) for r in runs) == sorted(
+        (p, m) for p in "ab" for m in ("ar", "retrieval", "hf-ar", "hf-pld", "suffix", "oracle"))
+    assert all(len(r["tokens"]) > 0 and r["wall_s"] > 0 for r in runs)
 
 
 def test_bench_rejects_a_bad_workload():
