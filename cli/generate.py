@@ -73,15 +73,20 @@ def run(args: argparse.Namespace) -> int:
         if args.server is None:
             hf, tokenizer = load_model(args.model)
             embedded = EmbeddedVerifier(ServerConfig(model=args.model, port=0, kv_pool_mb=args.kv_pool_mb,
-                                                     auth_token=args.auth_token), (hf, tokenizer))
+                                                     auth_token=args.auth_token), (hf, tokenizer),
+                                        scheduler_thread=False)
             targets = [embedded.target]
         else:
             targets = args.server
         client = EdgeClient(targets, drafter=args.drafter, tokenizer=tokenizer, corpus=args.corpus or None,
                             channel=channel, max_tree=args.max_tree)
-        result = client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                 top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
-                                 chat=args.chat)
+
+        def work():
+            return client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                   top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
+                                   chat=args.chat)
+
+        result = embedded.run_engine_while(work) if embedded is not None else work()
     except (ValueError, FileNotFoundError) as e:
         raise fail(str(e).replace("drafter ", "--drafter ", 1))
     except Exception as e:

@@ -13,7 +13,9 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 import grpc
 
@@ -21,6 +23,8 @@ from specedge.cloud.engine import Engine
 from specedge.cloud.server import RunningServer, ServerConfig, start_server
 from specedge.common.model_registry import load_model
 from specedge.common.text import eos_token_ids, tokenizer_fingerprint
+
+T = TypeVar("T")
 
 
 def build_engine(config: ServerConfig, hf_and_tokenizer=None) -> tuple[Engine, str, list[int]]:
@@ -31,25 +35,51 @@ def build_engine(config: ServerConfig, hf_and_tokenizer=None) -> tuple[Engine, s
 
 
 def serve_forever(config: ServerConfig, grace_s: float = 30.0) -> None:
-    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `grace_s` and stop."""
+    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `grace_s` and stop. Engine steps
+    run on this thread, which loaded the model (see VerifyScheduler); gRPC runs on an event loop thread."""
     engine, fingerprint, eos = build_engine(config)
+    loop = asyncio.new_event_loop()
+    started: dict = {}
+    ready = threading.Event()
 
-    async def main() -> None:
-        running = await start_server(engine, fingerprint, eos, config)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await running.stop(grace_s)
+    def serve_grpc() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            started["server"] = loop.run_until_complete(
+                start_server(engine, fingerprint, eos, config, scheduler_thread=False))
+        except BaseException as e:  # re-raised on the main thread
+            started["error"] = e
+        ready.set()
+        if "server" in started:
+            loop.run_forever()
 
-    asyncio.run(main())
+    grpc_thread = threading.Thread(target=serve_grpc, name="grpc", daemon=True)
+    grpc_thread.start()
+    ready.wait()
+    if "error" in started:
+        raise started["error"]
+    running: RunningServer = started["server"]
+    stopping: list = []
+
+    def on_signal(signum, frame) -> None:
+        if not stopping:  # drains, then stops the scheduler, which ends run() below
+            stopping.append(asyncio.run_coroutine_threadsafe(running.stop(grace_s), loop))
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    running.service.scheduler.run()
+    if stopping:
+        stopping[0].result(timeout=grace_s + 30)
+    loop.call_soon_threadsafe(loop.stop)
+    grpc_thread.join(timeout=10)
 
 
 class EmbeddedVerifier:
     """A real gRPC verifier on loopback, served from a background thread of this process."""
 
-    def __init__(self, config: ServerConfig, hf_and_tokenizer=None) -> None:
+    def __init__(self, config: ServerConfig, hf_and_tokenizer=None, scheduler_thread: bool = True) -> None:
+        """With `scheduler_thread=False` engine steps run only inside `run_engine_while`, on its caller's
+        thread (faster when that thread loaded the model; see VerifyScheduler)."""
         config = replace(config, host="127.0.0.1", port=config.port or 0)
         engine, fingerprint, eos = build_engine(config, hf_and_tokenizer)
         self.engine = engine
@@ -61,7 +91,8 @@ class EmbeddedVerifier:
         def run() -> None:
             asyncio.set_event_loop(self._loop)
             try:
-                self.running = self._loop.run_until_complete(start_server(engine, fingerprint, eos, config))
+                self.running = self._loop.run_until_complete(
+                    start_server(engine, fingerprint, eos, config, scheduler_thread))
             except BaseException as e:  # reported to the constructor's caller
                 self._error = e
                 self._started.set()
@@ -80,6 +111,27 @@ class EmbeddedVerifier:
     @property
     def service(self):
         return self.running.service
+
+    def run_engine_while(self, work: Callable[[], T]) -> T:
+        """Call `work` on a new thread while this thread runs engine steps; its result once it returns.
+        The verifier then stops taking work (for `scheduler_thread=False`: one job, e.g. the CLI's)."""
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["result"] = work()
+            except BaseException as e:  # re-raised on the calling thread
+                box["error"] = e
+            finally:
+                self.service.scheduler.stop()
+
+        worker = threading.Thread(target=run, name="embedded-client", daemon=True)
+        worker.start()
+        self.service.scheduler.run()
+        worker.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
 
     def used_blocks(self, want: int = 0, wait_s: float = 10.0) -> int:
         """The KV pool's used blocks, after waiting up to `wait_s` for them to drop to `want`. A client's

@@ -61,12 +61,13 @@ class _Abort(Exception):
 
 
 class VerifierService:
-    def __init__(self, engine: Engine, tokenizer_fingerprint: str, eos_ids: list[int], config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, tokenizer_fingerprint: str, eos_ids: list[int], config: ServerConfig,
+                 scheduler_thread: bool = True) -> None:
         self.engine, self.config = engine, config
         self.fingerprint, self.eos_ids = tokenizer_fingerprint, list(eos_ids)
         self.metrics = VerifierMetrics(engine.pool)
         self.scheduler = VerifyScheduler(engine, config.max_batch_tokens, config.gather_ms,
-                                         on_step=self.metrics.on_step)
+                                         on_step=self.metrics.on_step, own_thread=scheduler_thread)
         self.sessions_by_client: Counter[str] = Counter()
         self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
         self.draining = False
@@ -289,8 +290,9 @@ class RunningServer:
 
 
 async def start_server(engine: Engine, tokenizer_fingerprint: str, eos_ids: list[int],
-                       config: ServerConfig) -> RunningServer:
-    service = VerifierService(engine, tokenizer_fingerprint, eos_ids, config)
+                       config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
+    """Serve `engine`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
+    service = VerifierService(engine, tokenizer_fingerprint, eos_ids, config, scheduler_thread)
     interceptors = [_BearerAuth(config.auth_token)] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", 16 << 20), ("grpc.so_reuseport", 0)])
