@@ -3,10 +3,11 @@
 Requests (open = prefill, verify = one draft tree, close) arrive from any thread as futures. Each engine
 step takes every pending verification, with its tree trimmed to the nodes whose expected tokens are worth
 the step time they add at the current load, within `max_batch_tokens` (speculation must not make a loaded
-server slower than plain decoding), then adds prefills while the budget and the KV pool allow. A prefill waits a step when another in the same step starts with the same
-block of tokens, so that it reuses the first one's cached prefix instead of computing and storing its own.
-When the pool cannot hold a request it waits; it fails with KVPoolExhausted only if it could never fit
-or has waited `admission_timeout_s`.
+server slower than plain decoding), then adds prefills while the budget and the KV pool allow. A prefill
+waits a step when another in the same step starts with the same block of tokens, so that it reuses the
+first one's cached prefix instead of computing and storing its own. When the pool cannot hold a request
+it waits while sessions finish; it fails with KVPoolExhausted only if it could never fit, or if no
+session has given blocks back for `admission_timeout_s` (the pool is held, not draining).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class VerifyScheduler:
         self.costs = CostTracker()
         self.on_step = on_step  # called with StepStats after every engine step (metrics)
         self.active = 0  # open sequences
+        self._last_release = 0.0  # when a session last gave its blocks back (perf_counter)
         self._inbox: queue.Queue[_Work | None] = queue.Queue()
         self._waiting: deque[_Work] = deque()
         self._stopped = False
@@ -150,6 +152,7 @@ class VerifyScheduler:
                 self._waiting.remove(orphan)  # its client went away while it waited
                 _fail(orphan.future, RuntimeError("the session was closed"))
             self.engine.release(work.seq)
+            self._last_release = time.perf_counter()
             self.active -= 1
             if work.future.set_running_or_notify_cancel():
                 work.future.set_result(None)
@@ -192,7 +195,7 @@ class VerifyScheduler:
             if need > free_blocks:
                 self.engine.release(seq)
                 cannot_ever = -(-tokens // pool.block_size) > pool.num_blocks
-                waited = time.perf_counter() - w.submitted > self.admission_timeout_s
+                waited = time.perf_counter() - max(w.submitted, self._last_release) > self.admission_timeout_s
                 if cannot_ever or waited:
                     self._waiting.remove(w)
                     _fail(w.future, KVPoolExhausted(
@@ -227,6 +230,7 @@ class VerifyScheduler:
             if not w.future.set_running_or_notify_cancel():  # nobody waits for it any more
                 if w.kind == "open":
                     self.engine.release(w.seq)
+                    self._last_release = time.perf_counter()
                     self.active -= 1
                 continue
             w.future.set_result((w.seq, outcome) if w.kind == "open" else outcome)

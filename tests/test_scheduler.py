@@ -80,6 +80,20 @@ def test_concurrent_prompts_with_a_common_prefix_store_it_once():
     s.stop()
 
 
+def test_a_waiting_prompt_is_not_refused_while_sessions_keep_giving_blocks_back():
+    s = make(kv_blocks=12, gather_ms=1, admission_timeout_s=0.5)
+    small, large = open_many(s, [list(range(1, 9)), list(range(9, 33))])  # 3 + 7 of 12 blocks
+    waiting = s.open(list(range(33, 61)), GREEDY, DraftTree.empty())  # needs 7
+    time.sleep(0.4)
+    s.close(small)  # progress, but not yet room for it
+    time.sleep(0.4)
+    assert not waiting.done()  # waited longer than the timeout, but blocks came back 0.4 s ago
+    s.close(large)
+    seq, _ = waiting.result(timeout=30)
+    assert len(seq.token_ids) == 29
+    s.stop()
+
+
 def test_work_waits_for_kv_blocks_and_a_prompt_that_can_never_fit_is_refused():
     s = make(kv_blocks=12, gather_ms=1, admission_timeout_s=10)
     (first,) = open_many(s, [list(range(1, 33))])  # 8 of 12 blocks
