@@ -78,6 +78,7 @@ class VerifyScheduler:
         self.on_step = on_step  # called with StepStats after every engine step (metrics)
         self.active = 0  # open sequences
         self._last_release = 0.0  # when a session last gave its blocks back (perf_counter)
+        self._last_preempt = 0.0
         self._inbox: queue.Queue[_Work | None] = queue.Queue()
         self._waiting: deque[_Work] = deque()
         self._stopped = False
@@ -211,6 +212,9 @@ class VerifyScheduler:
             batch.append(w)
             trees.append(w.tree)
         if not batch:
+            stuck = [w for w in verifies if w in self._waiting]
+            if stuck and time.perf_counter() - self._last_preempt > 1.0:
+                self._preempt(stuck)
             if self._waiting:
                 time.sleep(0.005)  # everything waits for blocks: let closes arrive
                 self._drain_inbox()
@@ -236,6 +240,17 @@ class VerifyScheduler:
             w.future.set_result((w.seq, outcome) if w.kind == "open" else outcome)
         if self.on_step is not None:
             self.on_step(StepStats(len(batch), sum(w.kind == "open" for w in batch), step_tokens, ms))
+
+    def _preempt(self, stuck: list[_Work]) -> None:
+        """Every session waits for blocks that only another session's end could free: a deadlock. The
+        youngest session is refused (its stream ends, its blocks come back, its client may retry later)
+        so that the others finish. Called at most once a second, leaving time for its close to arrive."""
+        youngest = max(stuck, key=lambda w: w.seq.seq_id)
+        self._waiting.remove(youngest)
+        self._last_preempt = time.perf_counter()
+        _fail(youngest.future, KVPoolExhausted(
+            f"KV pool full: the {len(stuck)} open sessions need more blocks than the pool has; this one (the "
+            "youngest) was stopped so that the others can finish; retry later"))
 
     def _tree_sizes(self, verifies: list[_Work], budget: int) -> list[int]:
         """Draft nodes to verify per session. Scored trees (the drafter's acceptance estimates) are merged

@@ -3,6 +3,7 @@ lets concurrent prompts share a prefix, and queues work the KV pool cannot hold 
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -91,6 +92,30 @@ def test_a_waiting_prompt_is_not_refused_while_sessions_keep_giving_blocks_back(
     s.close(large)
     seq, _ = waiting.result(timeout=30)
     assert len(seq.token_ids) == 29
+    s.stop()
+
+
+def test_sessions_that_outgrow_the_pool_together_do_not_deadlock_the_youngest_is_refused():
+    s = make(kv_blocks=12, gather_ms=1)
+    older, younger = open_many(s, [list(range(1, 17)), list(range(17, 33))])  # 5 + 5 of 12 blocks
+    outcome = {}
+
+    def decode(name, seq) -> None:  # like a client: the next step as soon as the last one is back
+        try:
+            for _ in range(20):
+                s.verify(seq, DraftTree.empty()).result(timeout=30)
+            outcome[name] = len(seq.token_ids)
+        except KVPoolExhausted as e:
+            outcome[name] = str(e)
+        s.close(seq)
+
+    threads = [threading.Thread(target=decode, args=a) for a in (("older", older), ("younger", younger))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert "youngest" in outcome["younger"]  # refused with a reason, instead of both waiting forever
+    assert outcome["older"] == 17 + 20  # the older one finished once the younger's blocks came back
     s.stop()
 
 
