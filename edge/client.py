@@ -225,10 +225,9 @@ class EdgeClient:
             corpus = open_corpus([Path(p) for p in corpus], tokenizer)
         self.corpus, self.max_tree = corpus, max_tree
         self._new_drafter = lambda: make_drafter(drafter, corpus, max_nodes=max_tree)
-        self._new_drafter()  # an unknown drafter name fails here, not at the first generate
         # Drafters and controllers learn across generations but hold one generation's state at a time:
-        # concurrent generate calls each take an idle pair, or a new one.
-        self._idle: list[tuple] = []
+        # concurrent generate calls each take an idle pair, or a new one. (An unknown drafter fails here.)
+        self._idle: list[tuple] = [(self._new_drafter(), TreeSizeController(max_tree))]
         self._idle_lock = threading.Lock()
 
     def _connect(self) -> RemoteVerifier:
