@@ -129,17 +129,7 @@ class VerifyScheduler:
                 if first is None:
                     break
                 self._waiting.append(first)
-            deadline = time.perf_counter() + self.gather_s
-            while True:  # gather briefly so that concurrent sessions share the step
-                timeout = deadline - time.perf_counter()
-                try:
-                    item = self._inbox.get(timeout=max(timeout, 0)) if timeout > 0 else self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    self._stopped = True
-                    break
-                self._waiting.append(item)
+            self._drain_inbox(until=time.perf_counter() + self.gather_s)  # so concurrent sessions share the step
             self._step()
         for work in self._waiting:  # shutting down
             _fail(work.future, RuntimeError("the verifier is shutting down"))
@@ -280,10 +270,12 @@ class VerifyScheduler:
                 heapq.heappush(heap, (-scores[sizes[i]], i))
         return sizes
 
-    def _drain_inbox(self) -> None:
+    def _drain_inbox(self, until: float = 0.0) -> None:
+        """Move arrived work to the waiting list, waiting for more until `until` (perf_counter time)."""
         while True:
+            timeout = until - time.perf_counter()
             try:
-                item = self._inbox.get_nowait()
+                item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
             except queue.Empty:
                 return
             if item is None:

@@ -174,16 +174,24 @@ def test_undecodable_bytes_get_invalid_argument(server, garbage):
     assert healthy(server)
 
 
+def two_held_and_a_third_refused(verifier: RemoteVerifier, client_id: str):
+    """Opens two sessions of `client_id` (they are served) and a third, which must be refused with
+    RESOURCE_EXHAUSTED -> (the two open sessions, the refusal's details)."""
+    held = [verifier.open(PROMPT, GREEDY, client_id=client_id) for _ in range(2)]
+    for h in held:
+        h.step(DraftTree.empty())
+    third = verifier.open(PROMPT, GREEDY, client_id=client_id)
+    with pytest.raises(grpc.RpcError) as err:
+        third.step(DraftTree.empty())
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    return held, err.value.details()
+
+
 def test_per_client_session_limit():
     with tiny_verifier(max_sessions_per_client=2) as s:
         verifier = RemoteVerifier(s.target)
-        held = [verifier.open(PROMPT, GREEDY, client_id="greedy-client") for _ in range(2)]
-        for h in held:
-            h.step(DraftTree.empty())
-        third = verifier.open(PROMPT, GREEDY, client_id="greedy-client")
-        with pytest.raises(grpc.RpcError) as err:
-            third.step(DraftTree.empty())
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "2 open sessions" in err.value.details()
+        held, refusal = two_held_and_a_third_refused(verifier, "greedy-client")
+        assert "2 open sessions" in refusal
         other = verifier.open(PROMPT, GREEDY, client_id="someone-else")
         other.step(DraftTree.empty())  # other clients are not affected
         for h in held + [other]:
@@ -196,13 +204,8 @@ def test_per_client_token_limit_counts_prompt_plus_max_new_tokens_and_is_given_b
     with tiny_verifier(max_tokens_per_client=2 * claim + 30) as s:
         verifier = RemoteVerifier(s.target)
         assert verifier.info.limits.max_tokens_per_client == 2 * claim + 30
-        held = [verifier.open(PROMPT, GREEDY, client_id="big-client") for _ in range(2)]
-        for h in held:
-            h.step(DraftTree.empty())
-        third = verifier.open(PROMPT, GREEDY, client_id="big-client")
-        with pytest.raises(grpc.RpcError) as err:
-            third.step(DraftTree.empty())
-        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "would pass its limit" in err.value.details()
+        held, refusal = two_held_and_a_third_refused(verifier, "big-client")
+        assert "would pass its limit" in refusal
         small = verifier.open(PROMPT, SamplingParams(max_new_tokens=4), client_id="big-client")
         assert len(generate(small).token_ids) == 4  # a session that fits in what is left is served
         held.pop().close()
