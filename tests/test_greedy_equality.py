@@ -26,7 +26,7 @@ from specedge.edge.retrieval import RetrievalDrafter
 
 pytestmark = pytest.mark.real_model
 
-NEW_TOKENS = 24
+NEW_TOKENS = 32
 PROMPTS = specbench.stratified(specbench.load(), 20)
 GREEDY = SamplingParams(max_new_tokens=NEW_TOKENS)
 
