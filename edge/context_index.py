@@ -54,15 +54,30 @@ class ContextIndex:
         last = self.n - 1
         if last < 1:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        starts = {k: int(self.prev[k][last]) if last >= k - 1 else -1 for k in KEYS}
+        return self._occurrences(starts, self.tokens[: self.n], max_occurrences, max_len, min_len)
+
+    def find(self, query: np.ndarray, max_occurrences: int = 32, max_len: int = 64, min_len: int = 1
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """Occurrences in this text of the ending of another one, `query`: as `matches`, for any text."""
+        if len(query) == 0 or self.n == 0:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        starts = {1: self.head[1].get(int(query[-1]), -1),
+                  2: self.head[2].get(int(query[-2]) << 32 | int(query[-1]), -1) if len(query) > 1 else -1}
+        return self._occurrences(starts, np.asarray(query, dtype=np.int64), max_occurrences, max_len, min_len)
+
+    def _occurrences(self, starts: dict[int, int], query: np.ndarray, max_occurrences: int, max_len: int,
+                     min_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Walk each chain from its start (bigram chain first), then measure every find's match with the
+        ending of `query` backwards in one vectorised comparison."""
         ends: list[int] = []
         seen: set[int] = set()
         for k in sorted(KEYS, reverse=True):
             if k < min_len:
                 break
-            p = self.prev[k][last] if last >= k - 1 else -1
-            taken = steps = 0
+            p, taken, steps = starts[k], 0, 0
             while p >= 0 and taken < max_occurrences and steps < 4 * max_occurrences:
-                if p not in seen:  # the bigram chain's finds are on the unigram chain too
+                if p not in seen and p < self.n - 1:  # the bigram chain's finds are on the unigram chain too
                     ends.append(p)
                     seen.add(p)
                     taken += 1
@@ -70,12 +85,12 @@ class ContextIndex:
         ends = np.asarray(ends, dtype=np.int64)
         if len(ends) == 0:
             return ends, ends
-        # Compare backwards: offsets 0..L-1 before each end against the same offsets before `last`.
-        depth = min(max_len, last + 1)
+        # Compare backwards: offsets 0..L-1 before each end against the same offsets before the query's end.
+        depth = min(max_len, len(query))
         offsets = np.arange(depth)
         before = ends[:, None] - offsets[None, :]
         valid = before >= 0
-        same = valid & (self.tokens[np.where(valid, before, 0)] == self.tokens[last - offsets][None, :])
+        same = valid & (self.tokens[np.where(valid, before, 0)] == query[len(query) - 1 - offsets][None, :])
         lengths = np.where(same.all(axis=1), depth, np.argmin(same, axis=1))
         keep = lengths >= min_len
         return ends[keep], lengths[keep]
@@ -85,9 +100,11 @@ class ContextIndex:
         return self.tokens[end + 1 : min(end + 1 + depth, self.n)]
 
     def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
-        """[len(ends), depth]: the tokens after each end, padded with -1 past the text's end."""
+        """[len(ends), depth]: the tokens after each end, padded with -1 past the text's end or a -1 in it
+        (the separator between texts, which no continuation crosses)."""
         at = ends[:, None] + 1 + np.arange(depth)[None, :]
-        return np.where(at < self.n, self.tokens[np.minimum(at, self.n - 1)], -1)
+        out = np.where(at < self.n, self.tokens[np.minimum(at, self.n - 1)], -1)
+        return np.where(np.logical_and.accumulate(out >= 0, axis=1), out, -1)
 
     # ---- internals -------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""READER-style retrieval drafter: candidates from the context itself (prompt + output so far) and from
-an optional long-term datastore, merged into one frequency-weighted tree, best nodes first."""
+"""READER-style retrieval drafter: candidates from the context itself (prompt + output so far), from the
+drafter's own earlier outputs, and from an optional long-term datastore, merged into one
+frequency-weighted tree, best nodes first."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from specedge.edge.tree_builder import CandidateSet, build_draft
 
 RECENCY = 0.97  # weight factor per more recent occurrence of the same match
 STRONG_MATCH = 8  # a context match this long makes the long-term datastore's candidates unnecessary
+HISTORY_TOKENS = 1 << 20  # earlier outputs remembered; the older half is forgotten beyond this
 
 
 class RetrievalDrafter:
@@ -30,10 +32,13 @@ class RetrievalDrafter:
         self.max_nodes, self.max_depth, self.occurrences = max_nodes, max_depth, occurrences
         self.model = model or AcceptanceModel()  # kept across generations: the edge keeps learning
         self.index = ContextIndex()
+        self.history = ContextIndex()  # earlier generations' outputs, each followed by a separator (-1)
+        self._prompt_len = 0
         self._cells = np.zeros(0, dtype=np.int64)  # model cells of the last draft's nodes
 
     def begin(self, prompt_ids: list[int]) -> None:
         self.index = ContextIndex(prompt_ids)
+        self._prompt_len = len(prompt_ids)
 
     def candidates(self) -> CandidateSet:
         parts = []
@@ -42,8 +47,13 @@ class RetrievalDrafter:
             weight = np.minimum(lengths, 32).astype(np.float64) ** 2 * RECENCY ** np.arange(len(ends))
             tokens = self.index.continuations(ends, self.max_depth)
             parts.append(CandidateSet(tokens, weight, lengths, np.zeros(len(ends), dtype=bool)))
+        tail = self.index.tokens[max(0, self.index.n - 32) : self.index.n]
+        past_ends, past_lengths = self.history.find(tail, self.occurrences, max_len=32, min_len=2)
+        if len(past_ends):
+            weight = np.minimum(past_lengths, 32).astype(np.float64) ** 2 * RECENCY ** np.arange(len(past_ends))
+            tokens = self.history.continuations(past_ends, self.max_depth)
+            parts.append(CandidateSet(tokens, weight, past_lengths, np.ones(len(past_ends), dtype=bool)))
         if self.datastore is not None and (len(lengths) == 0 or lengths.max() < STRONG_MATCH):
-            tail = self.index.tokens[max(0, self.index.n - 32) : self.index.n]
             match = self.datastore.longest_match(tail, max_len=32, max_occurrences=16)
             if match is not None:
                 k = len(match.ends)
@@ -69,4 +79,8 @@ class RetrievalDrafter:
         self.index.append(result.tokens)
 
     def end(self) -> None:
-        pass
+        """Remember the output: later generations often repeat their predecessors' phrasing."""
+        output = self.index.tokens[self._prompt_len : self.index.n]
+        if self.history.n + len(output) + 1 > HISTORY_TOKENS:
+            self.history = ContextIndex(self.history.tokens[self.history.n // 2 : self.history.n])
+        self.history.append(np.append(output, -1).tolist())

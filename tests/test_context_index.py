@@ -89,3 +89,24 @@ def test_large_vocabulary_ids_do_not_collide():
     ends, lengths = index.matches(min_len=2)
     assert ends.tolist() == [1] and lengths.tolist() == [2]
     assert np.issubdtype(index.tokens.dtype, np.integer)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_find_locates_another_texts_ending_like_brute_force(seed):
+    rng = random.Random(300 + seed)
+    alphabet = rng.choice([2, 3, 8])
+    text = random_text(rng, rng.randint(1, 200), alphabet)
+    query = random_text(rng, rng.randint(1, 20), alphabet)
+    ends, lengths = ContextIndex(text).find(np.asarray(query), max_occurrences=10_000, max_len=12)
+    # The occurrences in `text` of the query's ending are the matches of text + query's ending that lie
+    # inside `text` (each with a token after it), measured without running into the query itself.
+    want = {p: m for p, m in brute_force_matches(text + query, max_len=12).items() if p < len(text) - 1}
+    want = {p: min(m, p + 1, len(query)) for p, m in want.items()}
+    assert dict(zip(ends.tolist(), lengths.tolist())) == want
+
+
+def test_continuations_stop_at_a_separator_between_texts():
+    index = ContextIndex([5, 6, 7, -1, 5, 6, 8, 9, -1])
+    ends, lengths = index.find(np.asarray([1, 5, 6]), min_len=2)
+    assert sorted(ends.tolist()) == [1, 5] and lengths.tolist() == [2, 2]
+    assert index.continuations(np.asarray([1, 5]), depth=4).tolist() == [[7, -1, -1, -1], [8, 9, -1, -1]]

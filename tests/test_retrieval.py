@@ -67,6 +67,18 @@ def test_observed_tokens_are_indexed_and_answers_update_the_model():
     assert drafter.propose().accept_probs[0] > before
 
 
+def test_earlier_outputs_supply_continuations_the_context_lacks():
+    drafter = RetrievalDrafter()
+    drafter.begin([1, 2, 3])
+    drafter.observe(DraftTree.empty(), StepResult(tokens=SENTENCE, accepted=[], compute_ms=1.0))
+    drafter.end()
+    drafter.begin([4, 5, 6] + SENTENCE[:3])  # a new prompt that starts what the last answer said
+    assert best_chain(drafter.propose()) == SENTENCE[3:]  # and not past that answer's end
+    drafter.end()
+    drafter.begin([4, 5, 6, 7])
+    assert len(drafter.propose().tree) == 0  # nothing earlier ends like this
+
+
 def test_the_long_term_datastore_supplies_continuations_the_context_lacks(tmp_path):
     datastore.build([[40, 41, 42, 43, 44, 45], [7, 7, 7]], tmp_path, "fp", ["doc"])
     drafter = RetrievalDrafter(datastore=datastore.Datastore(tmp_path))

@@ -1,0 +1,119 @@
+"""Replay recorded greedy generations against drafters, without the model: how many tokens each drafter
+would commit per pass, and the decode speedup the verifier's cost model predicts for the trees it sends.
+
+A greedy verifier accepts exactly the draft path that spells the model's own continuation, so a recorded
+greedy output (the `ar` rows of a `specedge bench` run's runs.jsonl) answers every verification a drafter
+could ask for. That makes drafter work a seconds-long loop instead of a half-hour benchmark; the real
+benchmark (`specedge bench`) still decides, since it also pays real pass and drafting times.
+
+    .venv/bin/python bench/replay.py bench-out/spec-other/runs.jsonl --workload specbench:all
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from specedge.common import specbench
+from specedge.common.cost_model import PRIOR_RELATIVE, CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.sampling import SamplingParams
+from specedge.common.session import StepResult
+from specedge.edge.controller import TreeSizeController
+from specedge.edge.generation import generate
+from specedge.edge.registry import make_drafter
+
+BASE_MS = 55.0  # a plain decoding pass of SmolLM2-135M here (BENCHMARKS.md section 1)
+
+
+class ReplaySession:
+    """A verifier session that answers from a recorded greedy output; passes cost what the prior says."""
+
+    def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel) -> None:
+        self.prompt_ids, self.output, self.vocab_size, self.cost = list(prompt_ids), list(output), vocab_size, cost
+        self.params = SamplingParams(max_new_tokens=len(output))
+        self.done = 0
+        self.pass_ms: list[float] = []
+
+    def step(self, tree: DraftTree) -> StepResult:
+        children = tree.children()
+        accepted, node, tokens = [], -1, []
+        while self.done + len(tokens) < len(self.output) - 1:
+            want = self.output[self.done + len(tokens)]
+            node = next((c for c in children[node + 1] if tree.tokens[c] == want), None)
+            if node is None:
+                break
+            accepted.append(node)
+            tokens.append(want)
+        tokens.append(self.output[self.done + len(tokens)])  # the bonus token
+        self.done += len(tokens)
+        self.pass_ms.append(self.cost.ms(len(tree)))
+        return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1])
+
+    def cost_model(self) -> CostModel:
+        return self.cost
+
+    def close(self) -> None:
+        pass
+
+
+def references(runs: Path) -> dict[str, list[int]]:
+    """prompt id -> the greedy output of the run's `ar` method (first repetition)."""
+    out = {}
+    for line in runs.read_text().splitlines():
+        r = json.loads(line)
+        if r["method"] == "ar" and r["prompt"] not in out:
+            out[r["prompt"]] = r["tokens"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", type=Path, help="runs.jsonl of a `specedge bench` run that included `ar`")
+    ap.add_argument("--workload", default="specbench:all", help="the run's Spec-Bench categories")
+    ap.add_argument("--drafters", default="retrieval,suffix")
+    ap.add_argument("--max-tree", type=int, default=64)
+    ap.add_argument("--model", default="smollm2-135m")
+    args = ap.parse_args()
+    from transformers import AutoTokenizer
+
+    from specedge.common.model_registry import resolve_model_dir
+    from specedge.common.text import encode_prompt
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
+    refs = references(args.runs)
+    cats = args.workload.partition(":")[2]
+    prompts = [p for p in specbench.load(categories=None if cats == "all" else cats.split(",")) if p.id in refs]
+    cost = CostModel(tuple((n, BASE_MS * r) for n, r in PRIOR_RELATIVE.items()))
+    totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0, 0.0, 0, []])
+    for name in args.drafters.split(","):
+        if name == "suffix":
+            from specedge.edge.suffix_drafter import SuffixDecodingDrafter
+
+            drafter, controller = SuffixDecodingDrafter(max_spec_tokens=min(args.max_tree, 16)), None
+        else:
+            drafter, controller = make_drafter(name, max_nodes=args.max_tree), TreeSizeController(args.max_tree)
+        for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
+            ids = encode_prompt(tokenizer, p.text, chat=True)
+            session = ReplaySession(ids, refs[p.id], len(tokenizer), cost)
+            r = generate(session, (), drafter, controller)
+            assert r.token_ids == refs[p.id]
+            for key in ((name, p.category), (name, "all")):
+                t = totals[key]
+                t[0] += len(r.token_ids) - 1  # decode tokens (the first comes with the prefill)
+                t[1] += r.rounds - 1
+                t[2] += sum(session.pass_ms[1:])
+                t[3] += sum(r.tree_sizes[1:])
+                t[4] += r.draft_ms[1:]
+    print(f"{'drafter':<14}{'category':<16}{'accepted/pass':>14}{'nodes/pass':>11}{'est. decode x':>14}{'draft ms':>9}")
+    for (name, cat), (tokens, rounds, ms, nodes, draft) in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        speedup = (tokens / (ms + sum(draft))) * BASE_MS
+        print(f"{name:<14}{cat:<16}{tokens / rounds:>14.3f}{nodes / rounds:>11.2f}{speedup:>14.2f}"
+              f"{statistics.median(draft):>9.2f}")
+
+
+if __name__ == "__main__":
+    main()
