@@ -52,10 +52,15 @@ class CandidateSet:
 
     @classmethod
     def concat(cls, parts: list[CandidateSet]) -> CandidateSet:
+        if len(parts) == 1:
+            return parts[0]
         depth = max((p.tokens.shape[1] for p in parts), default=0)
-        pad = [np.pad(p.tokens, ((0, 0), (0, depth - p.tokens.shape[1])), constant_values=-1) for p in parts]
-        return cls(np.concatenate(pad) if parts else np.zeros((0, 0), dtype=np.int64),
-                   np.concatenate([p.weight for p in parts]) if parts else np.zeros(0),
+        tokens = np.full((sum(len(p.weight) for p in parts), depth), -1, dtype=np.int64)
+        row = 0
+        for p in parts:
+            tokens[row : row + len(p.weight), : p.tokens.shape[1]] = p.tokens
+            row += len(p.weight)
+        return cls(tokens, np.concatenate([p.weight for p in parts]) if parts else np.zeros(0),
                    np.concatenate([p.match_len for p in parts]) if parts else np.zeros(0, dtype=np.int64),
                    np.concatenate([p.long_term for p in parts]) if parts else np.zeros(0, dtype=bool))
 
