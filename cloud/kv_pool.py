@@ -16,7 +16,12 @@ import torch
 
 
 class KVPoolExhausted(RuntimeError):
-    """The pool cannot hold what was asked for; nothing was allocated."""
+    """The pool cannot hold what was asked for; nothing was allocated. `retry_after_s` is set when the
+    same request can succeed once other sessions have ended (the client may retry then)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass

@@ -27,6 +27,8 @@ from specedge.common.cost_model import CostModel, CostTracker
 from specedge.common.draft_tree import DraftTree
 from specedge.common.sampling import SamplingParams
 
+RETRY_AFTER_S = 1.0  # told to a client whose request was refused for now, not for good
+
 
 @dataclass
 class StepOutcome:
@@ -191,7 +193,8 @@ class VerifyScheduler:
                     self._waiting.remove(w)
                     _fail(w.future, KVPoolExhausted(
                         f"KV pool full: the prompt needs {need} blocks of {pool.block_size} tokens, "
-                        f"{free_blocks} of {pool.num_blocks} free" + ("" if cannot_ever else " after waiting")))
+                        f"{free_blocks} of {pool.num_blocks} free" + ("" if cannot_ever else " after waiting"),
+                        retry_after_s=None if cannot_ever else RETRY_AFTER_S))
                 continue
             free_blocks -= need
             budget -= tokens
@@ -233,14 +236,14 @@ class VerifyScheduler:
 
     def _preempt(self, stuck: list[_Work]) -> None:
         """Every session waits for blocks that only another session's end could free: a deadlock. The
-        youngest session is refused (its stream ends, its blocks come back, its client may retry later)
-        so that the others finish. Called at most once a second, leaving time for its close to arrive."""
+        youngest session is refused (its stream ends, its blocks come back; its client resumes it a little
+        later with the prompt plus what it has committed, as after any break) so that the others finish. Called at most once a second, leaving time for its close to arrive."""
         youngest = max(stuck, key=lambda w: w.seq.seq_id)
         self._waiting.remove(youngest)
         self._last_preempt = time.perf_counter()
         _fail(youngest.future, KVPoolExhausted(
             f"KV pool full: the {len(stuck)} open sessions need more blocks than the pool has; this one (the "
-            "youngest) was stopped so that the others can finish; retry later"))
+            "youngest) was stopped so that the others can finish; retry later", retry_after_s=RETRY_AFTER_S))
 
     def _tree_sizes(self, verifies: list[_Work], budget: int) -> list[int]:
         """Draft nodes to verify per session. Scored trees (the drafter's acceptance estimates) are merged

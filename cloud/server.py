@@ -55,9 +55,9 @@ class ServerConfig:
 
 
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, trailing: tuple = ()) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.trailing = code, message, trailing
 
 
 class VerifierService:
@@ -79,7 +79,7 @@ class VerifierService:
             _parse(pb.GetInfoRequest, raw)
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, e.message, e.trailing)
         return self.info().SerializeToString()
 
     def info(self) -> pb.VerifierInfo:
@@ -127,7 +127,7 @@ class VerifierService:
                 yield pb.SessionResponse(verdict=self._verdict(outcome)).SerializeToString()
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, e.message, e.trailing)
         finally:
             self._release(seq, client, claim)
             _log("session_end", client=client, seconds=round(time.perf_counter() - started, 3))
@@ -151,7 +151,7 @@ class VerifierService:
                 outcome = await self._await(self.scheduler.verify(seq, DraftTree.empty()))
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, e.message, e.trailing)
         finally:
             self._release(seq, client, claim)
 
@@ -221,8 +221,9 @@ class VerifierService:
     async def _await(self, future):
         try:
             return await asyncio.wrap_future(future)
-        except KVPoolExhausted as e:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except KVPoolExhausted as e:  # when it may succeed later, say when (the client resumes then)
+            retry = () if e.retry_after_s is None else ((wire.RETRY_AFTER_MS, str(round(e.retry_after_s * 1e3))),)
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), retry)
         except ValueError as e:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except RuntimeError as e:

@@ -8,6 +8,10 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.sampling import SamplingParams
 from specedge.protos import verifier_pb2 as pb
 
+# Trailing metadata of a RESOURCE_EXHAUSTED that is "not now" rather than "never": milliseconds after which
+# the same request may succeed (the KV pool was full of other sessions). The SDK resumes then.
+RETRY_AFTER_MS = "specedge-retry-after-ms"
+
 
 def tree_to_pb(tree: DraftTree) -> pb.DraftTree:
     msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, scores=tree.scores or [])

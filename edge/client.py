@@ -146,28 +146,39 @@ class RemoteSession:
 
 class ResumableSession:
     """A session that survives broken streams: it reopens, on the next verifier if need be, with the
-    prompt plus everything committed so far, and retries the same draft (it hangs off the same token)."""
+    prompt plus everything committed so far, and retries the same draft (it hangs off the same token).
+    A verifier that refuses it for now (its KV pool is full of other sessions) is asked again when it
+    says, for up to `busy_wait_s`."""
 
     def __init__(self, connect, prompt_ids: list[int], params: SamplingParams, client_id: str, fingerprint: str,
-                 retries: int = 5, backoff_s: float = 0.2) -> None:
+                 retries: int = 5, backoff_s: float = 0.2, busy_wait_s: float = 300.0) -> None:
         self.connect, self.client_id, self.fingerprint = connect, client_id, fingerprint
         self.prompt_ids, self.params = list(prompt_ids), params
-        self.retries, self.backoff_s = retries, backoff_s
+        self.retries, self.backoff_s, self.busy_wait_s = retries, backoff_s, busy_wait_s
         self.committed: list[int] = []
         self.resumes = 0
         self.session = connect().open(self.prompt_ids, params, client_id, fingerprint)
         self.vocab_size = self.session.vocab_size
 
     def step(self, tree: DraftTree) -> StepResult:
-        for attempt in itertools.count():
+        attempt, busy_since = 0, None
+        while True:
             try:
                 result = self.session.step(tree)
                 self.committed += result.tokens
                 return result
             except grpc.RpcError as e:
-                if e.code() not in RETRYABLE or attempt >= self.retries:
+                retry_after = _retry_after_s(e)
+                if retry_after is not None:
+                    busy_since = busy_since or time.monotonic()
+                    if time.monotonic() - busy_since + retry_after > self.busy_wait_s:
+                        raise
+                    time.sleep(retry_after)
+                elif e.code() not in RETRYABLE or attempt >= self.retries:
                     raise
-                time.sleep(self.backoff_s * 2**attempt)
+                else:
+                    time.sleep(self.backoff_s * 2**attempt)
+                    attempt += 1
                 self.resumes += 1
                 remaining = max(1, self.params.max_new_tokens - len(self.committed))
                 params = SamplingParams(**{**self.params.__dict__, "max_new_tokens": remaining})
@@ -182,6 +193,16 @@ class ResumableSession:
 
     def close(self) -> None:
         self.session.close()
+
+
+def _retry_after_s(error: grpc.RpcError) -> float | None:
+    """Seconds after which a RESOURCE_EXHAUSTED refusal may be retried; None if it may not."""
+    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == wire.RETRY_AFTER_MS:
+            return float(value) / 1e3
+    return None
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 
@@ -241,6 +242,30 @@ def test_a_client_that_gives_up_while_its_prompt_waits_for_blocks_leaks_nothing(
         assert len(solo_output(s)) == GREEDY.max_new_tokens
 
 
+def test_a_session_refused_while_the_pool_is_full_resumes_later_and_its_output_is_unbroken():
+    with tiny_verifier(kv_pool_mb=1) as s:
+        blocks = s.engine.pool.num_blocks
+        params = SamplingParams(max_new_tokens=256)  # 16 blocks of 16 tokens
+        # Both prompts fit at once and each fits with its output, but both outputs together do not.
+        prompts = [[5 + i] * ((blocks // 2 - 12) * 16) for i in range(2)]
+        want = [solo_output(s, p, params) for p in prompts]
+        sessions = [ResumableSession(lambda: RemoteVerifier(s.target), p, params, f"client-{i}", "")
+                    for i, p in enumerate(prompts)]
+        got = [None, None]
+
+        def run(i: int) -> None:
+            got[i] = generate(sessions[i]).token_ids
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert got == want  # the youngest was stopped (RESOURCE_EXHAUSTED, retry after 1 s) and resumed
+        assert sum(x.resumes for x in sessions) >= 1
+        assert s.used_blocks() == 0
+
+
 def test_an_idle_session_is_closed_and_its_blocks_released():
     with tiny_verifier(idle_timeout_s=0.5) as s:
         session = RemoteVerifier(s.target).open(PROMPT, GREEDY)
@@ -335,8 +360,6 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs):
 
 
 def test_concurrent_sessions_share_engine_steps_and_metrics_show_it(server):
-    import threading
-
     prompts = [[(7 * i + j) % V for j in range(12 + i)] for i in range(8)]
     solo = [solo_output(server, p) for p in prompts]
     results = [None] * len(prompts)
@@ -380,8 +403,6 @@ def test_the_client_resumes_on_another_verifier_and_the_output_is_unbroken():
 
 
 def test_graceful_shutdown_lets_open_sessions_finish_and_refuses_new_ones():
-    import threading
-
     s = tiny_verifier()
     verifier = RemoteVerifier(s.target)
     session = verifier.open(PROMPT, SamplingParams(max_new_tokens=60))
