@@ -8,6 +8,11 @@ waits a step when another in the same step starts with the same block of tokens,
 first one's cached prefix instead of computing and storing its own. When the pool cannot hold a request
 it waits while sessions finish; it fails with KVPoolExhausted only if it could never fit, or if no
 session has given blocks back for `admission_timeout_s` (the pool is held, not draining).
+
+Before a step, the scheduler waits for the sessions of the last step to send their next work (their
+clients draft between verdict and next tree) for up to DUE_WAIT_FRACTION of a step: a session that
+misses a step waits a whole one, so a short wait for it pays whenever it comes. With none due, it
+gathers for `gather_ms` so that concurrent newcomers share a step.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.sampling import SamplingParams
 
 RETRY_AFTER_S = 1.0  # told to a client whose request was refused for now, not for good
+DUE_WAIT_FRACTION = 0.1  # of the last step's time: the longest wait for last step's sessions to come back
 
 
 @dataclass
@@ -83,6 +89,8 @@ class VerifyScheduler:
         self._last_preempt = 0.0
         self._inbox: queue.Queue[_Work | None] = queue.Queue()
         self._waiting: deque[_Work] = deque()
+        self._due: set[int] = set()  # sequences served by the last step whose next work has not arrived
+        self._last_step_s = 0.0
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="verify-scheduler", daemon=True) if own_thread else None
         if self._thread is not None:
@@ -130,8 +138,12 @@ class VerifyScheduler:
                 first = self._inbox.get()
                 if first is None:
                     break
-                self._waiting.append(first)
-            self._drain_inbox(until=time.perf_counter() + self.gather_s)  # so concurrent sessions share the step
+                self._accept(first)
+            if self._due:
+                self._drain_inbox(until=time.perf_counter() + max(self.gather_s, DUE_WAIT_FRACTION * self._last_step_s),
+                                  until_none_due=True)
+            else:
+                self._drain_inbox(until=time.perf_counter() + self.gather_s)  # so newcomers share the step
             self._step()
         for work in self._waiting:  # shutting down
             _fail(work.future, RuntimeError("the verifier is shutting down"))
@@ -215,6 +227,8 @@ class VerifyScheduler:
         start = time.perf_counter()
         verdicts = self.engine.step([(w.seq, t) for w, t in zip(batch, trees)])
         ms = (time.perf_counter() - start) * 1e3
+        self._last_step_s = ms / 1e3
+        self._due.clear()
         step_tokens = sum((len(t) + 1) if w.kind == "verify" else len(w.prompt_ids) + len(t)
                           for w, t in zip(batch, trees))
         if all(w.kind == "verify" for w in batch):  # pass time by tokens beyond the first, at any load
@@ -231,6 +245,7 @@ class VerifyScheduler:
                     self.active -= 1
                 continue
             w.future.set_result((w.seq, outcome) if w.kind == "open" else outcome)
+            self._due.add(w.seq.seq_id)
         if self.on_step is not None:
             self.on_step(StepStats(len(batch), sum(w.kind == "open" for w in batch), step_tokens, ms))
 
@@ -273,9 +288,10 @@ class VerifyScheduler:
                 heapq.heappush(heap, (-scores[sizes[i]], i))
         return sizes
 
-    def _drain_inbox(self, until: float = 0.0) -> None:
-        """Move arrived work to the waiting list, waiting for more until `until` (perf_counter time)."""
-        while True:
+    def _drain_inbox(self, until: float = 0.0, until_none_due: bool = False) -> None:
+        """Move arrived work to the waiting list, waiting for more until `until` (perf_counter time), or
+        (`until_none_due`) until every session of the last step has sent its next work."""
+        while not (until_none_due and not self._due):
             timeout = until - time.perf_counter()
             try:
                 item = self._inbox.get(timeout=timeout) if timeout > 0 else self._inbox.get_nowait()
@@ -284,7 +300,12 @@ class VerifyScheduler:
             if item is None:
                 self._stopped = True
                 return
-            self._waiting.append(item)
+            self._accept(item)
+
+    def _accept(self, work: _Work) -> None:
+        self._waiting.append(work)
+        if work.seq is not None:
+            self._due.discard(work.seq.seq_id)
 
 
 def _fail(future: Future, error: BaseException) -> None:

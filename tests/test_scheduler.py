@@ -48,6 +48,32 @@ def test_concurrent_verifications_share_one_step_and_keep_trees_that_pay():
     s.stop()
 
 
+def test_a_step_waits_briefly_for_sessions_still_drafting_their_next_tree():
+    """The engine is slowed to 50 ms a step (a real engine; the sleep stands in for a larger model), and
+    one of two clients takes 3 ms to draft after each verdict, longer than the 1 ms gather window: it
+    must still share every step with the prompt one instead of missing every other step."""
+    s = make(gather_ms=1)
+    step = s.engine.step
+    s.engine.step = lambda work: (time.sleep(0.05), step(work))[1]
+    steps = []
+    s.on_step = steps.append
+    seqs = open_many(s, [[1, 2, 3], [4, 5, 6]])
+    steps.clear()
+
+    def client(seq, think_s: float) -> None:
+        for _ in range(8):
+            time.sleep(think_s)
+            s.verify(seq, DraftTree.empty()).result(timeout=30)
+
+    threads = [threading.Thread(target=client, args=a) for a in ((seqs[0], 0.0), (seqs[1], 0.003))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [st.sessions for st in steps] == [2] * 8
+    s.stop()
+
+
 def test_under_load_unlikely_drafts_are_trimmed_away():
     s = make(gather_ms=50)
     seqs = open_many(s, [[i, i + 1, i + 2] for i in range(1, 13, 3)])
