@@ -252,7 +252,8 @@ class VerifyScheduler:
     def _preempt(self, stuck: list[_Work]) -> None:
         """Every session waits for blocks that only another session's end could free: a deadlock. The
         youngest session is refused (its stream ends, its blocks come back; its client resumes it a little
-        later with the prompt plus what it has committed, as after any break) so that the others finish. Called at most once a second, leaving time for its close to arrive."""
+        later with the prompt plus what it has committed, as after any break) so that the others finish.
+        Called at most once a second, leaving time for its close to arrive."""
         youngest = max(stuck, key=lambda w: w.seq.seq_id)
         self._waiting.remove(youngest)
         self._last_preempt = time.perf_counter()

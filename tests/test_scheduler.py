@@ -51,7 +51,7 @@ def test_concurrent_verifications_share_one_step_and_keep_trees_that_pay():
 def test_a_step_waits_briefly_for_sessions_still_drafting_their_next_tree():
     """The engine is slowed to 50 ms a step (a real engine; the sleep stands in for a larger model), and
     one of two clients takes 3 ms to draft after each verdict, longer than the 1 ms gather window: it
-    must still share every step with the prompt one instead of missing every other step."""
+    must still share every step with the quick one instead of missing every other step."""
     s = make(gather_ms=1)
     step = s.engine.step
     s.engine.step = lambda work: (time.sleep(0.05), step(work))[1]
