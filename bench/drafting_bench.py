@@ -19,14 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.common import specbench
-from specedge.common.model_registry import load_model
+from specedge.bench import specbench
+from specedge.cloud.cost_tracker import CostTracker
+from specedge.cloud.model_registry import load_model
 from specedge.common.session import StepResult
 from specedge.edge.controller import TreeSizeController
 from specedge.edge.corpus import build_datastore
 from specedge.edge.datastore import Datastore
 from specedge.edge.retrieval import RetrievalDrafter
-from specedge.common.cost_model import CostTracker
+from specedge.edge.tokenizer import EdgeTokenizer
 
 
 def write_corpus(out: Path, approx_chars: int, seed: int = 0) -> list[Path]:
@@ -54,7 +55,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=300, help="drafting rounds to time")
     ap.add_argument("--out", type=Path, default=Path("bench-out/drafting"))
     args = ap.parse_args()
-    _, tokenizer = load_model(args.model)
+    tokenizer = EdgeTokenizer.from_transformers(load_model(args.model)[1])
     corpus_dir = args.out / "corpus"
     if not corpus_dir.exists():
         write_corpus(corpus_dir, approx_chars=int(args.tokens * 4.4))  # ~4.3 characters per token here
@@ -79,8 +80,8 @@ def main() -> None:
         draft = drafter.propose()
         n = controller.choose(draft, costs.model(), 128)
         times.append((time.perf_counter() - t0) * 1e3)
-        sizes.append(len(draft.tree))
-        sent = draft.first(n)
+        sizes.append(len(draft))
+        sent = draft.prefix(n)
         # Accept the longest true path, as a verifier would, then the true next token.
         kids, node, accepted = sent.children(), -1, []
         while pos + len(accepted) < len(future):

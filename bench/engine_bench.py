@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
+from specedge.bench import specbench
+from specedge.bench.oracle import OracleDrafter
 from specedge.cloud.engine import Engine
 from specedge.cloud.local import LocalVerifier
-from specedge.common import specbench
+from specedge.cloud.model_registry import load_model
 from specedge.common.draft_tree import DraftTree
-from specedge.common.model_registry import load_model
-from specedge.common.sampling import SamplingParams
-from specedge.common.text import encode_prompt
+from specedge.common.params import SamplingParams
 from specedge.edge.generation import generate
-from specedge.edge.oracle import OracleDrafter
+from specedge.edge.tokenizer import EdgeTokenizer
 
 TREE_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
 ORACLE_DEPTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
@@ -127,7 +127,7 @@ def main() -> None:
         engine = Engine.from_hf_model(hf, kv_pool_bytes=512 << 20)
         chat = bool(getattr(tokenizer, "chat_template", None))
         chosen = specbench.stratified(specbench.load(), args.prompts)
-        prompts = [encode_prompt(tokenizer, p.text, chat=chat) for p in chosen]
+        prompts = [EdgeTokenizer.from_transformers(tokenizer).encode_prompt(p.text, chat=chat) for p in chosen]
         long_text = " ".join(p.text for p in specbench.load(categories=["summarization"])[:3])
         context = tokenizer(long_text)["input_ids"][: args.context]
         log(f"{name}: plain decoding, engine vs transformers")

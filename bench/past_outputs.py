@@ -12,13 +12,13 @@ import argparse
 import json
 from pathlib import Path
 
+from specedge.bench import specbench
 from specedge.cloud.engine import Engine
 from specedge.cloud.local import LocalVerifier
-from specedge.common import specbench
-from specedge.common.model_registry import load_model
-from specedge.common.sampling import SamplingParams
-from specedge.common.text import encode_prompt, eos_token_ids
+from specedge.cloud.model_registry import eos_token_ids, load_model
+from specedge.common.params import SamplingParams
 from specedge.edge.generation import generate
+from specedge.edge.tokenizer import EdgeTokenizer
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         for p in prompts:
-            ids = encode_prompt(tokenizer, p.text, chat=True)
+            ids = EdgeTokenizer.from_transformers(tokenizer).encode_prompt(p.text, chat=True)
             for seed in range(args.samples):
                 params = SamplingParams(temperature=args.temperature, seed=1000 + seed,
                                         max_new_tokens=args.max_new_tokens)

@@ -18,11 +18,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specedge.common import specbench
-from specedge.common.cost_model import PRIOR_RELATIVE, CostModel
+from specedge.bench import specbench
+from specedge.cloud.cost_tracker import PRIOR_RELATIVE
+from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
+from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.controller import TreeSizeController
 from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
@@ -36,6 +38,7 @@ class ReplaySession:
     def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel) -> None:
         self.prompt_ids, self.output, self.vocab_size, self.cost = list(prompt_ids), list(output), vocab_size, cost
         self.params = SamplingParams(max_new_tokens=len(output))
+        self.max_tree_tokens = 1 << 30
         self.done = 0
         self.pass_ms: list[float] = []
 
@@ -75,32 +78,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, help="runs.jsonl of a `specedge bench` run that included `ar`")
     ap.add_argument("--drafters", default="retrieval,suffix")
-    ap.add_argument("--max-tree", type=int, default=64)
+    ap.add_argument("--max-tree", type=int, default=MAX_TREE_NODES)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--cost", choices=("cpu", "flat"), default="cpu",
-                    help="pass cost by tree size: this CPU's (common/cost_model.py's prior), or flat (every "
+                    help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior), or flat (every "
                          "tree costs one plain pass: a GPU-like verifier, where small trees are nearly free)")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
-    from specedge.common.model_registry import resolve_model_dir
-    from specedge.common.text import encode_prompt
+    from specedge.cloud.model_registry import resolve_model_dir
+    from specedge.edge.tokenizer import EdgeTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
+    hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
+    tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
     refs = references(args.runs)
     prompts = [p for p in specbench.load() if p.id in refs]
     cost = CostModel(tuple((n, BASE_MS * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
     for name in args.drafters.split(","):
         if name == "suffix":
-            from specedge.edge.suffix_drafter import SuffixDecodingDrafter
+            from specedge.bench.suffix_drafter import SuffixDecodingDrafter
 
             drafter, controller = SuffixDecodingDrafter(max_spec_tokens=min(args.max_tree, 16)), None
         else:
             drafter, controller = make_drafter(name, max_nodes=args.max_tree), TreeSizeController(args.max_tree)
         for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
-            ids = encode_prompt(tokenizer, p.text, chat=True)
-            session = ReplaySession(ids, refs[p.id], len(tokenizer), cost)
+            ids = tokenizer.encode_prompt(p.text, chat=True)
+            session = ReplaySession(ids, refs[p.id], len(hf_tokenizer), cost)
             r = generate(session, (), drafter, controller)
             assert r.token_ids == refs[p.id]
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out

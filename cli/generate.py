@@ -1,4 +1,5 @@
-"""`specedge generate PROMPT`: one generation on an in-process verifier engine."""
+"""`specedge generate PROMPT`: one generation, against a verifier given by --server or one started on
+loopback in this process."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-DEFAULT_MODEL = "smollm2-135m"
+from specedge.cloud.config import DEFAULT_MODEL, ServerConfig
+from specedge.common.params import SamplingParams
+from specedge.common.tree_sizing import MAX_TREE_NODES
 
 
 def add_parser(commands) -> None:
+    sampling = SamplingParams()
     gen = commands.add_parser(
         "generate",
         help="generate text for one prompt",
@@ -27,11 +31,11 @@ def add_parser(commands) -> None:
     gen.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                      help="files or directories for the long-term datastore, or a datastore built with "
                      "`specedge index build` (repeatable); built once and cached")
-    gen.add_argument("--max-tree", type=int, default=64, help="most draft-tree nodes per verification pass")
-    gen.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many generated tokens")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (sampling only)")
-    gen.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens, 0 = all (sampling only)")
+    gen.add_argument("--max-tree", type=int, default=MAX_TREE_NODES, help="most draft-tree nodes per verification pass")
+    gen.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens, help="stop after this many generated tokens")
+    gen.add_argument("--temperature", type=float, default=sampling.temperature, help="0 = greedy; > 0 samples")
+    gen.add_argument("--top-p", type=float, default=sampling.top_p, help="nucleus sampling mass (sampling only)")
+    gen.add_argument("--top-k", type=int, default=sampling.top_k, help="keep the k most likely tokens, 0 = all (sampling only)")
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop when the output contains TEXT (repeatable); the text is cut before it")
@@ -44,15 +48,12 @@ def add_parser(commands) -> None:
     gen.add_argument("--tls-ca", default=None, help="PEM CA of the verifier: connect with TLS")
     gen.add_argument("--tls-cert", default=None, help="PEM client certificate, for mutual TLS")
     gen.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
-    gen.add_argument("--kv-pool-mb", type=int, default=256, help="KV cache budget of the embedded verifier in MiB")
+    gen.add_argument("--kv-pool-mb", type=int, default=ServerConfig.kv_pool_mb,
+                     help="KV cache budget of the embedded verifier in MiB")
     gen.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from specedge.cloud.launch import EmbeddedVerifier
-    from specedge.cloud.server import ServerConfig
-    from specedge.common.model_registry import load_model
-    from specedge.common.sampling import SamplingParams
     from specedge.edge.client import ChannelConfig, EdgeClient
     from specedge.edge.registry import make_drafter
 
@@ -71,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
                                 tls_key=args.tls_key)
         tokenizer = None
         if args.server is None:
+            try:
+                from specedge.cloud.launch import EmbeddedVerifier
+                from specedge.cloud.model_registry import load_model
+            except ImportError as e:
+                raise ValueError(f"no --server given, and this install cannot run a verifier itself ({e}); "
+                                 "give --server HOST:PORT, or install specedge[verifier]")
             hf, tokenizer = load_model(args.model)
             embedded = EmbeddedVerifier(ServerConfig(model=args.model, port=0, kv_pool_mb=args.kv_pool_mb,
                                                      auth_token=args.auth_token), (hf, tokenizer),

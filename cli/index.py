@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specedge.cloud.config import DEFAULT_MODEL
+
 
 def add_parser(commands) -> None:
     index = commands.add_parser("index", help="build long-term datastores for retrieval drafting",
@@ -18,19 +20,36 @@ def add_parser(commands) -> None:
     )
     build.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or directories to index")
     build.add_argument("-o", "--out", type=Path, required=True, help="directory to write the datastore to")
-    build.add_argument("--model", default="smollm2-135m", help="model whose tokenizer the datastore uses")
+    build.add_argument("--model", default=DEFAULT_MODEL, help="model whose tokenizer the datastore uses")
+    build.add_argument("--server", default=None, metavar="HOST:PORT",
+                       help="take the tokenizer from this verifier instead of loading --model (the edge's way)")
+    build.add_argument("--auth-token", default=None, help="bearer token for --server")
     build.set_defaults(run=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
-    from specedge.common.model_registry import resolve_model_dir
     from specedge.edge.corpus import build_datastore
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
-        build_datastore(args.paths, tokenizer, args.out)
-    except (ValueError, FileNotFoundError) as e:
+        build_datastore(args.paths, _tokenizer(args), args.out)
+    except (ValueError, FileNotFoundError, ImportError) as e:
         raise SystemExit(f"specedge index build: {e}")
     return 0
+
+
+def _tokenizer(args: argparse.Namespace):
+    from specedge.edge.tokenizer import EdgeTokenizer
+
+    if args.server is not None:
+        from specedge.edge.transport import ChannelConfig, RemoteVerifier
+
+        verifier = RemoteVerifier(args.server, ChannelConfig(auth_token=args.auth_token))
+        try:
+            return EdgeTokenizer.of_verifier(verifier)
+        finally:
+            verifier.close()
+    from transformers import AutoTokenizer
+
+    from specedge.cloud.model_registry import resolve_model_dir
+
+    return EdgeTokenizer.from_transformers(AutoTokenizer.from_pretrained(resolve_model_dir(args.model)))

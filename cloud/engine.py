@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
+from specedge.cloud.acceptance import Verdict, verify_tree
 from specedge.cloud.attention import SeqSlice, StepBatch
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.models import build_runner
-from specedge.common.acceptance import Verdict, verify_tree
+from specedge.cloud.sampling import make_generator
+from specedge.cloud.tree_mask import step_mask
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams, make_generator
+from specedge.common.params import SamplingParams
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Engine:
                     start=start,
                     end=start + n,
                     ctx_slots=self.pool.slots(seq.seq_id, 0, cached + n),
-                    mask=_step_mask(cached, chain, tree),
+                    mask=step_mask(cached, chain, tree),
                     query_pos=pos,
                     key_pos=torch.cat([torch.arange(cached), pos]),
                     causal_rows=chain if cached == 0 else 0,
@@ -127,14 +129,3 @@ class Engine:
         self.pool.truncate(seq.seq_id, seq.num_cached)
         self.pool.commit(seq.seq_id, seq.token_ids[: seq.num_cached])
 
-
-def _step_mask(cached: int, chain: int, tree: DraftTree) -> torch.Tensor | None:
-    """[n, cached + n] visibility: all cached tokens, the causal chain, and each tree node's ancestors."""
-    n = chain + len(tree)
-    if n == 1:
-        return None
-    new = torch.zeros(n, n, dtype=torch.bool)
-    new[:chain, :chain] = torch.ones(chain, chain, dtype=torch.bool).tril()
-    new[chain:, : chain - 1] = True
-    new[chain - 1 :, chain - 1 :] |= tree.ancestor_mask()
-    return torch.cat([torch.ones(n, cached, dtype=torch.bool), new], dim=1)

@@ -96,18 +96,26 @@ class KVBlockPool:
             raise ValueError(f"sequence {seq_id} is already open")
         table = BlockTable()
         self.tables[seq_id] = table
-        usable_blocks = (len(token_ids) - 1) // self.block_size
-        for i in range(usable_blocks):
-            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = hash((table.last_hash, chunk))
-            block_id = self.hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
-                break
+        for block_id, h in self._cached_prefix(token_ids):
             self._ref(block_id)
             table.blocks.append(block_id)
             table.num_hashed += 1
             table.last_hash = h
         return len(table.blocks) * self.block_size
+
+    def _cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
+        """(block id, hash) of the cached blocks that hold the longest prefix of `token_ids`, the last
+        token excluded."""
+        found, last_hash = [], None
+        for i in range((len(token_ids) - 1) // self.block_size):
+            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = hash((last_hash, chunk))
+            block_id = self.hash_to_block.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            found.append((block_id, h))
+            last_hash = h
+        return found
 
     def close(self, seq_id: int) -> None:
         table = self.tables.pop(seq_id)
@@ -117,7 +125,7 @@ class KVBlockPool:
     def reserve(self, seq_id: int, num_tokens: int) -> None:
         """Make the sequence's table cover `num_tokens` slots, all-or-nothing."""
         table = self.tables[seq_id]
-        needed = -(-num_tokens // self.block_size) - len(table.blocks)
+        needed = self.blocks_for(num_tokens) - len(table.blocks)
         if needed <= 0:
             return
         if needed > self.num_available():
@@ -129,13 +137,27 @@ class KVBlockPool:
             table.blocks.append(self._take_block())
 
     def blocks_needed(self, seq_id: int, num_tokens: int) -> int:
-        """Blocks `reserve(seq_id, num_tokens)` would take."""
-        return max(0, -(-num_tokens // self.block_size) - len(self.tables[seq_id].blocks))
+        """Available blocks `reserve(seq_id, num_tokens)` would take."""
+        return max(0, self.blocks_for(num_tokens) - len(self.tables[seq_id].blocks))
+
+    def blocks_to_open(self, token_ids: list[int], num_tokens: int) -> int:
+        """Available blocks that opening a sequence of `token_ids` and reserving `num_tokens` slots would take:
+        the new blocks, and the cached prefix blocks it would take back from the unreferenced ones."""
+        prefix = self._cached_prefix(token_ids)
+        revived = sum(self.blocks[block_id].ref_count == 0 for block_id, _ in prefix)
+        return revived + max(0, self.blocks_for(num_tokens) - len(prefix))
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_ever_hold(self, num_tokens: int) -> bool:
+        """Whether one sequence of `num_tokens` fits in the pool at all, with every other one gone."""
+        return self.blocks_for(num_tokens) <= self.num_blocks
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Release the blocks past the first `num_tokens` slots."""
         table = self.tables[seq_id]
-        keep = -(-num_tokens // self.block_size)
+        keep = self.blocks_for(num_tokens)
         if keep < table.num_hashed:
             raise ValueError("cannot truncate into committed, hashed blocks")
         while len(table.blocks) > keep:

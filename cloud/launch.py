@@ -19,25 +19,32 @@ from typing import TypeVar
 
 import grpc
 
+from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
-from specedge.cloud.server import RunningServer, ServerConfig, start_server
-from specedge.common.model_registry import load_model
-from specedge.common.text import eos_token_ids, tokenizer_fingerprint
+from specedge.cloud.model_registry import eos_token_ids, load_model
+from specedge.cloud.server import RunningServer, start_server
+from specedge.cloud.service import ServedModel
+from specedge.common.tokenizer_bundle import TokenizerBundle, tokenizer_fingerprint
 
 T = TypeVar("T")
 
 
-def build_engine(config: ServerConfig, hf_and_tokenizer=None) -> tuple[Engine, str, list[int]]:
+def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedModel:
+    """The model of `config` (or the given transformers model and tokenizer) ready to serve. A tokenizer of
+    None serves token ids only (tests with tiny random models)."""
     hf, tokenizer = hf_and_tokenizer or load_model(config.model)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20)
-    fingerprint = tokenizer_fingerprint(tokenizer) if tokenizer is not None else "no-tokenizer"  # token-id tests
-    return engine, fingerprint, eos_token_ids(hf)
+    if tokenizer is None:
+        return ServedModel(engine, eos_token_ids(hf), "no-tokenizer")
+    fingerprint = tokenizer_fingerprint(tokenizer.get_vocab(), tokenizer.special_tokens_map)
+    return ServedModel(engine, eos_token_ids(hf), fingerprint, TokenizerBundle.of_transformers(tokenizer))
 
 
-def serve_forever(config: ServerConfig, grace_s: float = 30.0) -> None:
-    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `grace_s` and stop. Engine steps
-    run on this thread, which loaded the model (see VerifyScheduler); gRPC runs on an event loop thread."""
-    engine, fingerprint, eos = build_engine(config)
+def serve_forever(config: ServerConfig) -> None:
+    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `config.grace_s` and stop. Engine
+    steps run on this thread, which loaded the model (see VerifyScheduler); gRPC runs on an event loop thread."""
+    model = load_served_model(config)
+    grace_s = config.grace_s
     loop = asyncio.new_event_loop()
     started: dict = {}
     ready = threading.Event()
@@ -46,7 +53,7 @@ def serve_forever(config: ServerConfig, grace_s: float = 30.0) -> None:
         asyncio.set_event_loop(loop)
         try:
             started["server"] = loop.run_until_complete(
-                start_server(engine, fingerprint, eos, config, scheduler_thread=False))
+                start_server(model, config, scheduler_thread=False))
         except BaseException as e:  # re-raised on the main thread
             started["error"] = e
         ready.set()
@@ -81,8 +88,8 @@ class EmbeddedVerifier:
         """With `scheduler_thread=False` engine steps run only inside `run_engine_while`, on its caller's
         thread (faster when that thread loaded the model; see VerifyScheduler)."""
         config = replace(config, host="127.0.0.1", port=config.port or 0)
-        engine, fingerprint, eos = build_engine(config, hf_and_tokenizer)
-        self.engine = engine
+        model = load_served_model(config, hf_and_tokenizer)
+        self.engine = model.engine
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self.running: RunningServer | None = None
@@ -92,7 +99,7 @@ class EmbeddedVerifier:
             asyncio.set_event_loop(self._loop)
             try:
                 self.running = self._loop.run_until_complete(
-                    start_server(engine, fingerprint, eos, config, scheduler_thread))
+                    start_server(model, config, scheduler_thread))
             except BaseException as e:  # reported to the constructor's caller
                 self._error = e
                 self._started.set()

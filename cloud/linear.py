@@ -25,7 +25,6 @@ class Linear:
     """y = x @ weight.T for x [T, in]; `weight` is [out, in] as in torch.nn.Linear."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.out_features, self.in_features = weight.shape
         self.packed = _onednn_available(weight)
         with torch.no_grad():
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+from specedge.cloud.cost_tracker import CostTracker
 from specedge.cloud.engine import Engine, Sequence
-from specedge.common.cost_model import CostModel, CostTracker
+from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 
 
@@ -15,6 +16,7 @@ class LocalSession:
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, costs: CostTracker) -> None:
         self.engine = engine
         self.vocab_size = engine.vocab_size
+        self.max_tree_tokens = 1 << 30  # in this process, any tree is taken
         self.prompt_ids, self.params = list(prompt_ids), params
         self.seq: Sequence | None = engine.add_sequence(prompt_ids, params)
         self.costs = costs

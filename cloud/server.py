@@ -1,251 +1,21 @@
-"""The verifier as a gRPC service (protos/specedge/v1/verifier.proto), on grpc's asyncio server.
-
-Handlers parse and validate what clients send themselves (raw bytes in, so that even undecodable bytes
-get INVALID_ARGUMENT), hand engine work to the VerifyScheduler thread and await it. A session's blocks
-are released however its stream ends: close, error, client cancel or disconnect, idle timeout, deadline.
-"""
+"""The verifier's gRPC server: the Verifier service (cloud/service.py) with bearer-token auth, TLS or mutual
+TLS, health checking, reflection and Prometheus metrics, and a graceful drain."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import time
-import uuid
-from collections import Counter
 from dataclasses import dataclass
 
 import grpc
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from specedge import __version__
-from specedge.cloud.engine import Engine
-from specedge.cloud.kv_pool import KVPoolExhausted
-from specedge.cloud.metrics import VerifierMetrics
-from specedge.cloud.scheduler import StepOutcome, VerifyScheduler
-from specedge.common import wire
-from specedge.common.draft_tree import DraftTree
+from specedge.cloud.config import ServerConfig
+from specedge.cloud.service import ServedModel, VerifierService, log_event
 from specedge.protos import verifier_pb2 as pb
 
 SERVICE = "specedge.v1.Verifier"
-log = logging.getLogger("specedge.server")
-
-
-@dataclass
-class ServerConfig:
-    model: str = "smollm2-135m"
-    host: str = "127.0.0.1"
-    port: int = 50051  # 0 = any free port
-    kv_pool_mb: int = 256
-    max_batch_tokens: int = 2048
-    max_prompt_tokens: int = 8192
-    max_tree_tokens: int = 128
-    max_new_tokens: int = 4096
-    max_sessions_per_client: int = 64
-    max_tokens_per_client: int = 0  # prompt + max_new_tokens over a client's open sessions; 0 = no limit
-    idle_timeout_s: float = 300.0
-    auth_token: str | None = None
-    tls_cert: str | None = None  # PEM files
-    tls_key: str | None = None
-    tls_client_ca: str | None = None  # set: clients must present a certificate signed by this CA (mTLS)
-    metrics_port: int | None = None
-    gather_ms: float = 2.0
-
-
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str, trailing: tuple = ()) -> None:
-        super().__init__(message)
-        self.code, self.message, self.trailing = code, message, trailing
-
-
-class VerifierService:
-    def __init__(self, engine: Engine, tokenizer_fingerprint: str, eos_ids: list[int], config: ServerConfig,
-                 scheduler_thread: bool = True) -> None:
-        self.engine, self.config = engine, config
-        self.fingerprint, self.eos_ids = tokenizer_fingerprint, list(eos_ids)
-        self.metrics = VerifierMetrics(engine.pool)
-        self.scheduler = VerifyScheduler(engine, config.max_batch_tokens, config.gather_ms,
-                                         on_step=self.metrics.on_step, own_thread=scheduler_thread)
-        self.sessions_by_client: Counter[str] = Counter()
-        self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
-        self.draining = False
-
-    # ---- RPCs -------------------------------------------------------------------------------------
-
-    async def GetInfo(self, raw: bytes, context) -> bytes:
-        try:
-            _parse(pb.GetInfoRequest, raw)
-        except _Abort as e:
-            self.metrics.errors.labels(e.code.name).inc()
-            await context.abort(e.code, e.message, e.trailing)
-        return self.info().SerializeToString()
-
-    def info(self) -> pb.VerifierInfo:
-        c = self.config
-        return pb.VerifierInfo(
-            model=c.model, tokenizer_fingerprint=self.fingerprint, vocab_size=self.engine.vocab_size,
-            eos_token_ids=self.eos_ids, server_version=__version__,
-            limits=pb.Limits(max_prompt_tokens=c.max_prompt_tokens, max_tree_tokens=c.max_tree_tokens,
-                             max_new_tokens=c.max_new_tokens, max_sessions_per_client=c.max_sessions_per_client,
-                             max_tokens_per_client=c.max_tokens_per_client,
-                             max_batch_tokens=c.max_batch_tokens),
-            cost=wire.cost_to_pb(self.scheduler.costs.model(), self.scheduler.active))
-
-    async def Session(self, requests, context):
-        seq, client, claim, started = None, None, 0, time.perf_counter()
-        try:
-            first = await self._next(requests, context)
-            if first is None:
-                return
-            if first.WhichOneof("kind") != "open":
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be `open`")
-            op = first.open
-            prompt, params, tree = self._validate_open(op.prompt_ids, op.params, op.draft, op.tokenizer_fingerprint)
-            client, claim = self._admit(op.client_id or context.peer(), len(prompt) + params.max_new_tokens)
-            seq, outcome = await self._open(prompt, params, tree)
-            produced = len(outcome.verdict.tokens)
-            self.metrics.sessions_total.labels("Session").inc()
-            session_id = uuid.uuid4().hex[:12]
-            cached = outcome.cached_prompt_tokens
-            yield pb.SessionResponse(opened=pb.Opened(session_id=session_id, cached_prompt_tokens=cached,
-                                                      verdict=self._verdict(outcome))).SerializeToString()
-            while True:
-                req = await self._next(requests, context)
-                kind = None if req is None else req.WhichOneof("kind")
-                if kind in (None, "close"):
-                    return
-                if kind != "draft":
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"expected a draft or close, got {kind}")
-                if produced >= params.max_new_tokens:
-                    raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"the session has produced its max_new_tokens ({params.max_new_tokens})")
-                tree = self._tree(req.draft)
-                outcome = await self._await(self.scheduler.verify(seq, tree))
-                produced += len(outcome.verdict.tokens)
-                yield pb.SessionResponse(verdict=self._verdict(outcome)).SerializeToString()
-        except _Abort as e:
-            self.metrics.errors.labels(e.code.name).inc()
-            await context.abort(e.code, e.message, e.trailing)
-        finally:
-            self._release(seq, client, claim)
-            _log("session_end", client=client, seconds=round(time.perf_counter() - started, 3))
-
-    async def Generate(self, raw: bytes, context):
-        seq, client, claim = None, None, 0
-        try:
-            req = _parse(pb.GenerateRequest, raw)
-            prompt, params, _ = self._validate_open(req.prompt_ids, req.params, pb.DraftTree(), "")
-            client, claim = self._admit(req.client_id or context.peer(), len(prompt) + params.max_new_tokens)
-            self.metrics.sessions_total.labels("Generate").inc()
-            seq, outcome = await self._open(prompt, params, DraftTree.empty())
-            produced = 0
-            while True:
-                tokens = outcome.verdict.tokens[: params.max_new_tokens - produced]
-                produced += len(tokens)
-                done = produced >= params.max_new_tokens or any(t in self.eos_ids for t in tokens)
-                yield pb.GenerateResponse(tokens=tokens, done=done).SerializeToString()
-                if done:
-                    return
-                outcome = await self._await(self.scheduler.verify(seq, DraftTree.empty()))
-        except _Abort as e:
-            self.metrics.errors.labels(e.code.name).inc()
-            await context.abort(e.code, e.message, e.trailing)
-        finally:
-            self._release(seq, client, claim)
-
-    # ---- helpers ----------------------------------------------------------------------------------
-
-    async def _next(self, requests, context) -> pb.SessionRequest | None:
-        try:
-            raw = await asyncio.wait_for(requests.__anext__(), timeout=self.config.idle_timeout_s)
-        except StopAsyncIteration:
-            return None
-        except asyncio.TimeoutError:
-            raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"session idle for {self.config.idle_timeout_s:.0f} s; its KV blocks were released")
-        return _parse(pb.SessionRequest, raw)
-
-    def _validate_open(self, prompt_ids, params_msg, draft_msg, fingerprint: str):
-        if self.draining:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is shutting down; open the session elsewhere")
-        if fingerprint and fingerprint != self.fingerprint:
-            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"tokenizer fingerprint {fingerprint} differs from the verifier's {self.fingerprint}: "
-                         "the edge encodes text differently from this model")
-        c, v = self.config, self.engine.vocab_size
-        try:
-            prompt = wire.prompt_from_pb(prompt_ids, v, c.max_prompt_tokens)
-            params = wire.params_from_pb(params_msg, c.max_new_tokens)
-        except ValueError as e:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return prompt, params, self._tree(draft_msg)
-
-    def _tree(self, msg: pb.DraftTree) -> DraftTree:
-        try:
-            return wire.tree_from_pb(msg, self.engine.vocab_size, self.config.max_tree_tokens)
-        except ValueError as e:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft tree: {e}")
-
-    def _admit(self, client: str, tokens: int) -> tuple[str, int]:
-        """Count a new session (which may come to hold `tokens` tokens of KV) against its client's limits."""
-        c = self.config
-        if self.sessions_by_client[client] >= c.max_sessions_per_client:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {client!r} already has {c.max_sessions_per_client} open sessions")
-        if c.max_tokens_per_client and self.tokens_by_client[client] + tokens > c.max_tokens_per_client:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {client!r} has sessions claiming {self.tokens_by_client[client]} tokens; this one "
-                         f"(prompt + max_new_tokens = {tokens}) would pass its limit of {c.max_tokens_per_client}")
-        self.sessions_by_client[client] += 1
-        self.tokens_by_client[client] += tokens
-        self.metrics.sessions.inc()
-        return client, tokens
-
-    def _release(self, seq, client: str | None, tokens: int) -> None:
-        if seq is not None:
-            self.scheduler.close(seq)  # the scheduler frees the blocks; nothing to wait for
-        if client is not None:
-            for usage, amount in ((self.sessions_by_client, 1), (self.tokens_by_client, tokens)):
-                usage[client] -= amount
-                if usage[client] <= 0:
-                    del usage[client]
-            self.metrics.sessions.dec()
-
-    async def _open(self, prompt, params, tree):
-        # If the client leaves while its prompt waits, the scheduler sees the request cancelled and frees
-        # the sequence it would have opened.
-        return await self._await(self.scheduler.open(prompt, params, tree))
-
-    async def _await(self, future):
-        try:
-            return await asyncio.wrap_future(future)
-        except KVPoolExhausted as e:  # when it may succeed later, say when (the client resumes then)
-            retry = () if e.retry_after_s is None else ((wire.RETRY_AFTER_MS, str(round(e.retry_after_s * 1e3))),)
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), retry)
-        except ValueError as e:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except RuntimeError as e:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, str(e))
-
-    def _verdict(self, o: StepOutcome) -> pb.Verdict:
-        self.metrics.accepted.observe(len(o.verdict.tokens))
-        return pb.Verdict(tokens=o.verdict.tokens, accepted=o.verdict.accepted, queue_ms=o.queue_ms,
-                          compute_ms=o.compute_ms, next_max_tree_tokens=min(self.config.max_tree_tokens,
-                                                                           self.scheduler.budget_per_session()),
-                          cost=wire.cost_to_pb(o.cost_model(self.scheduler.costs), self.scheduler.active))
-
-
-def _parse(cls, raw: bytes):
-    try:
-        return cls.FromString(raw)
-    except DecodeError as e:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable {cls.__name__}: {e}")
-
-
-def _log(event: str, **fields) -> None:
-    log.info(json.dumps({"event": event, **fields}))
 
 
 class _BearerAuth(grpc.aio.ServerInterceptor):
@@ -290,15 +60,15 @@ class RunningServer:
         self.service.scheduler.stop()
 
 
-async def start_server(engine: Engine, tokenizer_fingerprint: str, eos_ids: list[int],
-                       config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
-    """Serve `engine`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
-    service = VerifierService(engine, tokenizer_fingerprint, eos_ids, config, scheduler_thread)
+async def start_server(model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
+    """Serve `model`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
+    service = VerifierService(model, config, scheduler_thread)
     interceptors = [_BearerAuth(config.auth_token)] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", 16 << 20), ("grpc.so_reuseport", 0)])
     handlers = {
         "GetInfo": grpc.unary_unary_rpc_method_handler(service.GetInfo),
+        "GetTokenizer": grpc.unary_stream_rpc_method_handler(service.GetTokenizer),
         "Session": grpc.stream_stream_rpc_method_handler(service.Session),
         "Generate": grpc.unary_stream_rpc_method_handler(service.Generate),
     }
@@ -325,6 +95,6 @@ async def start_server(engine: Engine, tokenizer_fingerprint: str, eos_ids: list
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     if config.metrics_port is not None:
         service.metrics.serve(config.metrics_port, config.host)
-    _log("serving", address=f"{config.host}:{port}", model=config.model, tls=bool(config.tls_cert),
-         auth=bool(config.auth_token), kv_blocks=engine.pool.num_blocks)
+    log_event("serving", address=f"{config.host}:{port}", model=config.model, tls=bool(config.tls_cert),
+             auth=bool(config.auth_token), kv_blocks=model.engine.pool.num_blocks)
     return RunningServer(server, service, health_servicer, port)

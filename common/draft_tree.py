@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass
 class DraftTree:
@@ -16,8 +14,10 @@ class DraftTree:
     # For drafts sampled from a model: parent index (-1 = root) -> the sparse proposal q (token ids,
     # probabilities) from which that parent's children were drawn without replacement, in index order.
     proposals: dict[int, tuple[list[int], list[float]]] | None = None
-    # Optional: the drafter's estimate that each node is accepted (path probability, <= its parent's).
-    scores: list[float] | None = None
+    # Optional: the drafter's estimate that each node is accepted (its path probability, so never more
+    # than its parent's). Drafters send nodes best first, so any prefix of the nodes is the best tree of
+    # its size; a loaded verifier trims by these estimates.
+    accept_probs: list[float] | None = None
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -36,8 +36,8 @@ class DraftTree:
         if n >= len(self):
             return self
         proposals = None if self.proposals is None else {p: q for p, q in self.proposals.items() if p < n}
-        scores = None if self.scores is None else self.scores[:n]
-        return DraftTree(self.tokens[:n], self.parents[:n], proposals, scores)
+        accept_probs = None if self.accept_probs is None else self.accept_probs[:n]
+        return DraftTree(self.tokens[:n], self.parents[:n], proposals, accept_probs)
 
     def validate(self, vocab_size: int) -> None:
         n = len(self.tokens)
@@ -48,11 +48,11 @@ class DraftTree:
                 raise ValueError(f"node {i}: token {token} is outside the vocabulary [0, {vocab_size})")
             if not -1 <= parent < i:
                 raise ValueError(f"node {i}: parent {parent} must be in [-1, {i}) (-1 = root)")
-        if self.scores is not None:
-            if len(self.scores) != n:
-                raise ValueError(f"{len(self.scores)} scores for {n} nodes")
-            if any(not (0.0 <= x <= 1.0) for x in self.scores):
-                raise ValueError("scores must be probabilities in [0, 1]")
+        if self.accept_probs is not None:
+            if len(self.accept_probs) != n:
+                raise ValueError(f"{len(self.accept_probs)} acceptance estimates for {n} nodes")
+            if any(not (0.0 <= x <= 1.0) for x in self.accept_probs):
+                raise ValueError("acceptance estimates must be probabilities in [0, 1]")
         children = self.children()
         for parent, kids in enumerate(children, start=-1):
             kid_tokens = [self.tokens[c] for c in kids]
@@ -99,13 +99,3 @@ class DraftTree:
             path.append(i)
             i = self.parents[i]
         return path[::-1]
-
-    def ancestor_mask(self) -> torch.Tensor:
-        """Bool [n + 1, n + 1] over [root] + nodes: [a, b] is True iff b is a or an ancestor of a."""
-        n = len(self)
-        mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-        mask[0, 0] = True
-        for i, parent in enumerate(self.parents):
-            mask[i + 1] = mask[parent + 1]
-            mask[i + 1, i + 1] = True
-        return mask

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
+from specedge.common.params import SamplingParams
 
 
 @dataclass
@@ -17,13 +17,14 @@ class StepResult:
     compute_ms: float  # the verifier's forward pass and acceptance
     queue_ms: float = 0.0  # waiting for a batch slot on the verifier
     rtt_ms: float = 0.0  # the rest of the round trip: network, serialisation
-    extra: dict = field(default_factory=dict)
+    next_max_tree_tokens: int | None = None  # the largest tree the verifier will take untrimmed next round
 
 
 class VerifierSession(Protocol):
     """One generation on a verifier. The first step also prefills the prompt."""
 
     vocab_size: int
+    max_tree_tokens: int  # the largest draft tree the verifier takes in one round
     prompt_ids: list[int]
     params: SamplingParams
 

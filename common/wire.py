@@ -5,16 +5,18 @@ from __future__ import annotations
 
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
+from specedge.common.params import SamplingParams
+from specedge.common.tokenizer_bundle import TokenizerBundle
 from specedge.protos import verifier_pb2 as pb
 
 # Trailing metadata of a RESOURCE_EXHAUSTED that is "not now" rather than "never": milliseconds after which
 # the same request may succeed (the KV pool was full of other sessions). The SDK resumes then.
 RETRY_AFTER_MS = "specedge-retry-after-ms"
+TOKENIZER_PART_BYTES = 1 << 20  # gRPC's default message limit is 4 MiB; Gemma 3's tokenizer.json is 33 MB
 
 
 def tree_to_pb(tree: DraftTree) -> pb.DraftTree:
-    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, scores=tree.scores or [])
+    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, accept_probs=tree.accept_probs or [])
     for parent, (ids, probs) in (tree.proposals or {}).items():
         msg.proposals.add(parent=parent, token_ids=ids, probs=probs)
     return msg
@@ -30,7 +32,8 @@ def tree_from_pb(msg: pb.DraftTree, vocab_size: int, max_nodes: int) -> DraftTre
             if p.parent in proposals:
                 raise ValueError(f"two proposals for node {p.parent}")
             proposals[p.parent] = (list(p.token_ids), list(p.probs))
-    tree = DraftTree(list(msg.tokens), list(msg.parents), proposals, list(msg.scores) if msg.scores else None)
+    tree = DraftTree(list(msg.tokens), list(msg.parents), proposals,
+                     list(msg.accept_probs) if msg.accept_probs else None)
     tree.validate(vocab_size)
     return tree
 
@@ -70,3 +73,26 @@ def cost_to_pb(cost: CostModel, active_sessions: int = 0) -> pb.CostModel:
 
 def cost_from_pb(msg: pb.CostModel) -> CostModel:
     return CostModel(tuple(zip(msg.tree_tokens, msg.ms)))
+
+
+def tokenizer_to_parts(bundle: TokenizerBundle, fingerprint: str) -> list[pb.TokenizerPart]:
+    data = bundle.tokenizer_json
+    config = pb.TokenizerConfig(fingerprint=fingerprint, chat_template=bundle.chat_template,
+                                special_tokens=bundle.special_tokens, clean_up_spaces=bundle.clean_up_spaces,
+                                tokenizer_json_bytes=len(data))
+    parts = [pb.TokenizerPart(tokenizer_json=data[i : i + TOKENIZER_PART_BYTES])
+             for i in range(0, len(data), TOKENIZER_PART_BYTES)] or [pb.TokenizerPart()]
+    parts[0].config.CopyFrom(config)
+    return parts
+
+
+def tokenizer_from_parts(parts) -> TokenizerBundle:
+    config, data = None, bytearray()
+    for part in parts:
+        if config is None:
+            config = part.config
+        data += part.tokenizer_json
+    if config is None or len(data) != config.tokenizer_json_bytes:
+        raise ValueError(f"incomplete tokenizer: {len(data)} of {config and config.tokenizer_json_bytes} bytes")
+    return TokenizerBundle(bytes(data), config.chat_template if config.HasField("chat_template") else None,
+                           dict(config.special_tokens), config.clean_up_spaces)

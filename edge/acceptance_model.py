@@ -29,9 +29,7 @@ class NodeStats:
 
     long_term: np.ndarray  # bool: supported only by the long-term datastore
     match_len: np.ndarray  # longest context match among the node's candidates
-    depth: np.ndarray  # 1 for the root's children
     share: np.ndarray  # the node's weight over its parent's: its part of the evidence at the parent
-    support: np.ndarray  # candidates (occurrences) through the node
 
     def cells(self) -> np.ndarray:
         """Flat index of each node's cell in the model's tables."""
@@ -40,8 +38,7 @@ class NodeStats:
                                      b(SHARE_BUCKETS, self.share)), SHAPE)
 
     def take(self, index: np.ndarray) -> NodeStats:
-        return NodeStats(self.long_term[index], self.match_len[index], self.depth[index], self.share[index],
-                         self.support[index])
+        return NodeStats(self.long_term[index], self.match_len[index], self.share[index])
 
 
 class AcceptanceModel:

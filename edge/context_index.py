@@ -95,10 +95,6 @@ class ContextIndex:
         keep = lengths >= min_len
         return ends[keep], lengths[keep]
 
-    def continuation(self, end: int, depth: int) -> np.ndarray:
-        """The tokens after position `end` (at most `depth`, never past the text's end)."""
-        return self.tokens[end + 1 : min(end + 1 + depth, self.n)]
-
     def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
         """[len(ends), depth]: the tokens after each end, padded with -1 past the text's end or a -1 in it
         (the separator between texts, which no continuation crosses)."""

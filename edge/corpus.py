@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specedge.common.model_registry import cache_root
-from specedge.common.text import tokenizer_fingerprint
+from specedge.common.cache import cache_root
 from specedge.edge import datastore
+from specedge.edge.tokenizer import EdgeTokenizer
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".jsonl", ".csv", ".html", ".xml", ".tex", ""}
 JSONL_FIELDS = ("text", "output", "document", "content", "prompt")
@@ -53,7 +53,8 @@ def read_documents(files: list[Path]) -> Iterator[tuple[str, str]]:
                 yield f"{f}:{n}", text
 
 
-def build_datastore(paths: list[Path], tokenizer, out: Path, log: Callable[[str], None] = _log) -> dict:
+def build_datastore(paths: list[Path], tokenizer: EdgeTokenizer, out: Path, log: Callable[[str], None] = _log
+                    ) -> dict:
     files = corpus_files(paths)
     log(f"indexing {len(files)} files into {out}")
     sources: list[str] = []
@@ -64,21 +65,22 @@ def build_datastore(paths: list[Path], tokenizer, out: Path, log: Callable[[str]
             sources.append(source)
             batch.append(text)
             if len(batch) == 256:
-                yield from tokenizer(batch, add_special_tokens=False)["input_ids"]
+                yield from tokenizer.encode_documents(batch)
                 batch = []
                 log(f"  tokenised {i} documents")
         if batch:
-            yield from tokenizer(batch, add_special_tokens=False)["input_ids"]
+            yield from tokenizer.encode_documents(batch)
 
-    meta = datastore.build(documents(), out, tokenizer_fingerprint(tokenizer), [str(f) for f in files], log)
+    meta = datastore.build(documents(), out, tokenizer.fingerprint, [str(f) for f in files], log)
     log(f"datastore {out}: {meta['num_tokens']:,} tokens, {meta['num_documents']} documents, built in "
         f"{meta['build_s']} s (suffix sort {meta['suffix_sort_s']} s), {meta['bytes_per_token']} bytes/token")
     return meta
 
 
-def open_corpus(paths: list[Path], tokenizer, log: Callable[[str], None] = _log) -> datastore.Datastore:
+def open_corpus(paths: list[Path], tokenizer: EdgeTokenizer, log: Callable[[str], None] = _log
+                ) -> datastore.Datastore:
     """A datastore directory as is, or files built (once, cached by content) into a datastore."""
-    fingerprint = tokenizer_fingerprint(tokenizer)
+    fingerprint = tokenizer.fingerprint
     if len(paths) == 1 and (Path(paths[0]) / "meta.json").is_file():
         store = datastore.Datastore(paths[0])
     else:

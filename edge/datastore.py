@@ -93,12 +93,6 @@ class Datastore:
         ends = self.n - 1 - np.asarray(self.sa[picks], dtype=np.int64)
         return Match(length, count, ends)
 
-    def continuation(self, end: int, depth: int) -> np.ndarray:
-        """Tokens after corpus position `end`, stopping at a document separator."""
-        cont = np.asarray(self.corpus[end + 1 : end + 1 + depth])
-        cut = np.flatnonzero(cont == SEPARATOR)
-        return cont[: cut[0]] if len(cut) else cont
-
     def continuations(self, ends: np.ndarray, depth: int) -> np.ndarray:
         """[len(ends), depth]: the tokens after each end, padded with -1 from a document separator on."""
         at = ends[:, None] + 1 + np.arange(depth)[None, :]

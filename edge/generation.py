@@ -3,7 +3,6 @@ in-process verifier and a remote one."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -37,15 +36,6 @@ class GenerationResult:
     def tokens_per_s(self) -> float:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens after the first, per second after the first pass: the part speculation can speed up."""
-        decode_s = self.wall_s - self.ttft_s
-        return (self.num_tokens - 1) / decode_s if decode_s > 0 and self.num_tokens > 1 else 0.0
-
-    @property
-    def median_draft_ms(self) -> float:
-        return statistics.median(self.draft_ms) if self.draft_ms else 0.0
 
 
 def generate(
@@ -73,10 +63,10 @@ def generate(
             tree = DraftTree.empty()
             if drafter is not None:
                 draft = drafter.propose()
-                size = len(draft.tree)
+                size = len(draft)
                 if controller is not None:
                     size = controller.choose(draft, session.cost_model(), params.max_new_tokens - len(out))
-                tree = draft.first(size)
+                tree = draft.prefix(min(size, session.max_tree_tokens))
             result.draft_ms.append((time.perf_counter() - t0) * 1e3)
             result.tree_sizes.append(len(tree))
             step = session.step(tree)

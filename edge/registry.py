@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.datastore import Datastore
 from specedge.edge.drafter import Drafter
 from specedge.edge.retrieval import RetrievalDrafter
 
 DRAFTERS = ("none", "retrieval")
-LATER = ("model:NAME", "hybrid")  # arrive with their issues
 
 
-def make_drafter(name: str, datastore: Datastore | None = None, max_nodes: int = 64) -> Drafter | None:
+def make_drafter(name: str, datastore: Datastore | None = None, max_nodes: int = MAX_TREE_NODES) -> Drafter | None:
     """None for plain decoding."""
     if name == "none":
         if datastore is not None:

@@ -8,10 +8,10 @@ import numpy as np
 
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
+from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.acceptance_model import AcceptanceModel
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
-from specedge.edge.drafter import Draft
 from specedge.edge.tree_builder import CandidateSet, build_draft
 
 RECENCY = 0.97  # weight factor per more recent occurrence of the same match
@@ -23,7 +23,7 @@ class RetrievalDrafter:
     def __init__(
         self,
         datastore: Datastore | None = None,
-        max_nodes: int = 64,
+        max_nodes: int = MAX_TREE_NODES,
         max_depth: int = 16,
         occurrences: int = 32,
         model: AcceptanceModel | None = None,
@@ -62,7 +62,7 @@ class RetrievalDrafter:
                 parts.append(CandidateSet(tokens, weight, np.full(k, match.length), np.ones(k, dtype=bool)))
         return CandidateSet.concat(parts)
 
-    def propose(self) -> Draft:
+    def propose(self) -> DraftTree:
         draft, stats = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)
         self._cells = stats.cells()
         return draft

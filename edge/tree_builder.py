@@ -2,7 +2,7 @@
 
 Candidates sharing a prefix share trie nodes; a node's weight is the sum of its candidates' weights. Each
 node's probability of acceptance given its parent's is estimated by the AcceptanceModel from its share of
-the parent's weight, its match length and depth; a node's path probability is the product down from the
+the parent's weight and its match length; a node's path probability is the product down from the
 root, which never grows along a path. Taking nodes by path probability (best first, shallower first on
 ties) therefore yields parents before children, and the expected accepted length of the first n nodes is
 the sum of their path probabilities, the largest any n-node tree of these candidates can have.
@@ -19,15 +19,6 @@ import numpy as np
 
 from specedge.common.draft_tree import DraftTree
 from specedge.edge.acceptance_model import AcceptanceModel, NodeStats
-from specedge.edge.drafter import Draft
-
-
-@dataclass
-class Candidate:
-    tokens: list[int] | np.ndarray  # the continuation after the root
-    weight: float  # evidence: occurrence weighted by match length and recency
-    match_len: int  # context tokens matched right before the continuation
-    long_term: bool = False  # from the long-term datastore (else from the context itself)
 
 
 @dataclass
@@ -38,17 +29,6 @@ class CandidateSet:
     weight: np.ndarray  # [K]
     match_len: np.ndarray  # [K]
     long_term: np.ndarray  # [K] bool
-
-    @classmethod
-    def of(cls, candidates: list[Candidate], depth: int | None = None) -> CandidateSet:
-        depth = max((len(c.tokens) for c in candidates), default=0) if depth is None else depth
-        tokens = np.full((len(candidates), depth), -1, dtype=np.int64)
-        for i, c in enumerate(candidates):
-            n = min(len(c.tokens), depth)
-            tokens[i, :n] = c.tokens[:n]
-        return cls(tokens, np.array([c.weight for c in candidates], dtype=np.float64),
-                   np.array([c.match_len for c in candidates], dtype=np.int64),
-                   np.array([c.long_term for c in candidates], dtype=bool))
 
     @classmethod
     def concat(cls, parts: list[CandidateSet]) -> CandidateSet:
@@ -65,16 +45,14 @@ class CandidateSet:
                    np.concatenate([p.long_term for p in parts]) if parts else np.zeros(0, dtype=bool))
 
 
-def build_draft(
-    candidates: CandidateSet | list[Candidate], model: AcceptanceModel, max_nodes: int, max_depth: int
-) -> tuple[Draft, NodeStats]:
-    """The best-first tree of at most `max_nodes` nodes, with each node's evidence."""
-    if not isinstance(candidates, CandidateSet):
-        candidates = CandidateSet.of(candidates)
+def build_draft(candidates: CandidateSet, model: AcceptanceModel, max_nodes: int, max_depth: int
+                ) -> tuple[DraftTree, NodeStats]:
+    """The best-first tree of at most `max_nodes` nodes, with its acceptance estimates, and each node's
+    evidence."""
     trie = _Trie(candidates, max_depth)
     if trie.size == 0 or max_nodes <= 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Draft(DraftTree.empty(), []), NodeStats(empty.astype(bool), empty, empty, empty.astype(float), empty)
+        return DraftTree([], [], accept_probs=[]), NodeStats(empty.astype(bool), empty, empty.astype(float))
     stats = trie.stats()
     cond = model.probs(stats)
     # Path probability: the product of conditionals along each candidate's row, read off at its nodes.
@@ -85,8 +63,8 @@ def build_draft(
     new_index = np.full(trie.size, -1, dtype=np.int64)
     new_index[order] = np.arange(len(order))
     parents = np.where(trie.parent[order] < 0, -1, new_index[np.maximum(trie.parent[order], 0)])
-    tree = DraftTree(trie.token[order].tolist(), parents.tolist())
-    return Draft(tree, path[order].tolist()), stats.take(order)
+    probs = np.clip(path[order], 0.0, 1.0).tolist()
+    return DraftTree(trie.token[order].tolist(), parents.tolist(), accept_probs=probs), stats.take(order)
 
 
 class _Trie:
@@ -125,11 +103,10 @@ class _Trie:
         at = self.node_at[self.valid]
         row_of = np.nonzero(self.valid)[0]
         self.weight = np.bincount(at, weights=weight[row_of], minlength=self.size)
-        self.support = np.bincount(at, minlength=self.size)
         self.match = np.zeros(self.size, dtype=np.int64)
         np.maximum.at(self.match, at, match[row_of])
         self.short = np.bincount(at, weights=short[row_of], minlength=self.size) > 0
 
     def stats(self) -> NodeStats:
         parent_weight = np.where(self.parent < 0, self.root_weight, self.weight[np.maximum(self.parent, 0)])
-        return NodeStats(~self.short, self.match, self.depth, self.weight / parent_weight, self.support)
+        return NodeStats(~self.short, self.match, self.weight / parent_weight)

@@ -3,11 +3,10 @@ from __future__ import annotations
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def real_model():
     """Load a registry model once per test session: real_model(name) -> (hf_model, tokenizer)."""
-    from specedge.common.model_registry import load_model
+    from specedge.cloud.model_registry import load_model
 
     loaded: dict[str, tuple] = {}
 

@@ -15,10 +15,12 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from specedge.common import acceptance
-from specedge.common.acceptance import verify_tree
+from specedge.cloud import acceptance
+from specedge.cloud.acceptance import verify_tree
+from specedge.cloud.sampling import make_generator, target_probs
+from specedge.cloud.tree_mask import ancestor_mask
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams, make_generator, target_probs
+from specedge.common.params import SamplingParams
 
 GREEDY = SamplingParams()
 
@@ -116,7 +118,7 @@ def test_draft_tree_structure_helpers():
     assert tree.depths() == [1, 1, 2, 2, 3]
     assert tree.path_to(4) == [0, 3, 4]
     assert tree.path_to(1) == [1]
-    mask = tree.ancestor_mask()
+    mask = ancestor_mask(tree)
     assert mask.dtype == torch.bool and mask.shape == (6, 6)
     # rows/columns: root, then node i at i + 1
     assert mask[5].tolist() == [True, True, False, False, True, True]  # node 4: root, 0, 3, itself
@@ -128,7 +130,7 @@ def test_chain_and_empty():
     assert DraftTree.chain([4, 4, 1]) == DraftTree(tokens=[4, 4, 1], parents=[-1, 0, 1])
     assert len(DraftTree.empty()) == 0
     assert DraftTree.empty().children() == [[]]
-    assert DraftTree.empty().ancestor_mask().tolist() == [[True]]
+    assert ancestor_mask(DraftTree.empty()).tolist() == [[True]]
 
 
 Q3 = ([1, 2, 3], [0.5, 0.25, 0.25])

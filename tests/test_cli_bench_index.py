@@ -81,11 +81,12 @@ def test_bench_rejects_a_bad_workload():
 
 
 def test_a_greedy_mismatch_stops_the_benchmark():
-    from specedge.cli import bench
+    from specedge.bench import harness
+    from specedge.bench.specbench import Prompt
     from specedge.cloud.engine import Engine
     from specedge.common.draft_tree import DraftTree
-    from specedge.common.sampling import SamplingParams
-    from specedge.common.tiny_models import tiny_llama
+    from specedge.common.params import SamplingParams
+    from tiny_models import tiny_llama
 
     engine = Engine.from_hf_model(tiny_llama(), kv_pool_bytes=4 << 20, block_size=4)
     prompt = [5, 6, 7]
@@ -96,7 +97,7 @@ def test_a_greedy_mismatch_stops_the_benchmark():
     assert float(top2.values[0] - top2.values[1]) > 1e-3  # not a near-tie: the check must not excuse it
     want, wrong = [int(top2.indices[0])], [int(top2.indices[1])]
     with pytest.raises(SystemExit, match="must be lossless"):
-        bench._check_mismatch(engine, "broken", bench.Prompt("p", "c", ""), prompt, want, wrong)
+        harness.check_greedy_match(engine, "broken", Prompt("p", "c", ""), prompt, want, wrong)
 
 
 def test_bench_grpc_mode_measures_concurrency_against_server_side_decoding(tmp_path):

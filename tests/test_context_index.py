@@ -72,7 +72,7 @@ def test_continuations_never_pass_the_end_of_the_text():
     index = ContextIndex([7, 8, 9, 7, 8])
     ends, lengths = index.matches(min_len=2)
     assert ends.tolist() == [1] and lengths.tolist() == [2]
-    assert index.continuation(1, depth=10).tolist() == [9, 7, 8]
+    assert index.continuations(ends, depth=5).tolist() == [[9, 7, 8, -1, -1]]
 
 
 def test_short_texts_have_no_matches():

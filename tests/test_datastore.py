@@ -66,7 +66,7 @@ def test_continuations_stop_at_the_end_of_their_document(tmp_path):
     store = Datastore(tmp_path)
     match = store.longest_match([4, 5, 6], max_occurrences=10)
     assert match.length == 2 and match.count == 2
-    assert sorted(store.continuation(int(e), 10).tolist() for e in match.ends) == [[7, 8], [9]]
+    assert sorted(store.continuations(match.ends, 4).tolist()) == [[7, 8, -1, -1], [9, -1, -1, -1]]
 
 
 def test_metadata_reports_size_and_build_time(tmp_path):

@@ -8,11 +8,11 @@ import random
 import pytest
 import torch
 
+from specedge.cloud.acceptance import Verdict
 from specedge.cloud.engine import Engine
-from specedge.common.acceptance import Verdict
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
-from specedge.common.tiny_models import tiny_gemma3, tiny_llama
+from specedge.common.params import SamplingParams
+from tiny_models import tiny_gemma3, tiny_llama
 
 TOL = 1e-3
 GREEDY = SamplingParams()

@@ -12,9 +12,10 @@ import torch
 from scipy.stats import chisquare
 
 from specedge.cloud.engine import Engine
+from specedge.cloud.sampling import make_generator, target_probs
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams, make_generator, target_probs
-from specedge.common.tiny_models import tiny_llama
+from specedge.common.params import SamplingParams
+from tiny_models import tiny_llama
 
 V = 16
 PROMPT = [3, 5, 7]

@@ -13,16 +13,17 @@ import random
 import pytest
 import torch
 
+from specedge.bench import specbench
 from specedge.cloud.engine import Engine
 from specedge.cloud.local import LocalVerifier
-from specedge.common import specbench
+from specedge.cloud.model_registry import eos_token_ids
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
-from specedge.common.text import encode_prompt, eos_token_ids
+from specedge.common.params import SamplingParams
 from specedge.edge.controller import TreeSizeController
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
 from specedge.edge.retrieval import RetrievalDrafter
+from specedge.edge.tokenizer import EdgeTokenizer
 
 pytestmark = pytest.mark.real_model
 
@@ -88,7 +89,7 @@ def model_case(request, real_model):
     hf, tokenizer = real_model(request.param)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=512 << 20)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    prompts = [encode_prompt(tokenizer, p.text, chat=chat) for p in PROMPTS]
+    prompts = [EdgeTokenizer.from_transformers(tokenizer).encode_prompt(p.text, chat=chat) for p in PROMPTS]
     references = []
     for ids in prompts:
         with torch.inference_mode():

@@ -15,16 +15,16 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from specedge.cloud.config import ServerConfig
 from specedge.cloud.launch import EmbeddedVerifier
 from specedge.cloud.local import LocalVerifier
-from specedge.cloud.server import ServerConfig
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
-from specedge.common.tiny_models import tiny_llama
+from specedge.common.params import SamplingParams
 from specedge.edge.client import ChannelConfig, RemoteVerifier, ResumableSession
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
 from specedge.protos import verifier_pb2 as pb
+from tiny_models import tiny_llama
 
 V = 512
 PROMPT = [3, 4, 5, 6, 7, 8, 9, 10] * 3
@@ -94,6 +94,15 @@ def test_remote_sessions_give_exactly_the_in_process_output_for_any_drafts(serve
                       drafter=FunctionDrafter(chain_drafts(PROMPT + want)))
     assert oracle.rounds < len(want) / 2  # the drafts were really verified remotely
     assert server.used_blocks() == 0
+
+
+def test_a_client_drafting_more_than_the_verifier_takes_sends_what_it_takes(server):
+    """This verifier takes 32 draft nodes a round (GetInfo's limits, read at connect): a drafter that
+    proposes 60 has its trees cut to 32 instead of getting INVALID_ARGUMENT."""
+    want = solo_output(server)
+    too_big = FunctionDrafter(lambda c: DraftTree.chain([(c[-1] + 1 + i) % V for i in range(60)]))
+    got = generate(RemoteVerifier(server.target).open(PROMPT, GREEDY), drafter=too_big)
+    assert got.token_ids == want and max(got.tree_sizes) == 32
 
 
 def test_server_side_generate_is_plain_decoding(server):
@@ -284,7 +293,7 @@ def test_a_client_killed_mid_stream_releases_its_blocks(server):
         import os, signal, sys
         from specedge.edge.client import RemoteVerifier
         from specedge.common.draft_tree import DraftTree
-        from specedge.common.sampling import SamplingParams
+        from specedge.common.params import SamplingParams
         s = RemoteVerifier({server.target!r}).open({PROMPT * 4!r}, SamplingParams(max_new_tokens=200))
         s.step(DraftTree.empty())
         s.step(DraftTree.chain([1, 2, 3]))

@@ -19,9 +19,9 @@ import grpc
 import pytest
 import torch
 
+from specedge.bench import specbench
+from specedge.cloud.config import ServerConfig
 from specedge.cloud.launch import EmbeddedVerifier
-from specedge.cloud.server import ServerConfig
-from specedge.common import specbench
 from specedge.edge.client import AsyncEdgeClient, EdgeClient
 
 pytestmark = pytest.mark.real_model

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specedge.common import model_registry as reg
-from specedge.common.model_registry import MANIFEST, ModelSource, cache_root, load_model, resolve_model_dir
+from specedge.cloud import model_registry as reg
+from specedge.cloud.model_registry import MANIFEST, ModelSource, cache_root, load_model, resolve_model_dir
 
 
 @pytest.fixture

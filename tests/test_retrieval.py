@@ -9,21 +9,20 @@ from specedge.cloud.engine import Engine
 from specedge.cloud.local import LocalVerifier
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
-from specedge.common.tiny_models import tiny_llama
 from specedge.edge import datastore
 from specedge.edge.controller import TreeSizeController
-from specedge.edge.drafter import Draft
 from specedge.edge.generation import generate
 from specedge.edge.retrieval import RetrievalDrafter
+from tiny_models import tiny_llama
 
 SENTENCE = [10, 11, 12, 13, 14, 15, 16, 17]
 
 
-def best_chain(draft: Draft) -> list[int]:
+def best_chain(tree: DraftTree) -> list[int]:
     """The tokens of the draft's first root-to-leaf path in best-first order."""
-    tree, path, node = draft.tree, [], -1
+    path, node = [], -1
     while True:
         kids = tree.children()[node + 1]
         if not kids:
@@ -42,24 +41,24 @@ def test_the_most_frequent_continuation_ranks_first():
     drafter = RetrievalDrafter()
     drafter.begin([5, 6, 7, 0, 5, 6, 8, 0, 5, 6, 7, 0, 9, 5, 6])
     draft = drafter.propose()
-    assert draft.tree.tokens[0] == 7 and draft.tree.parents[0] == -1
-    assert 8 in [draft.tree.tokens[c] for c in draft.tree.children()[0]]  # the rarer one is a sibling
+    assert draft.tokens[0] == 7 and draft.parents[0] == -1
+    assert 8 in [draft.tokens[c] for c in draft.children()[0]]  # the rarer one is a sibling
 
 
 def test_nothing_to_match_gives_an_empty_draft():
     drafter = RetrievalDrafter()
     drafter.begin([1, 2, 3, 4, 5])
-    assert len(drafter.propose().tree) == 0
+    assert len(drafter.propose()) == 0
 
 
 def test_observed_tokens_are_indexed_and_answers_update_the_model():
     drafter = RetrievalDrafter()
     drafter.begin([1] + SENTENCE + [2])
-    assert len(drafter.propose().tree) == 0
+    assert len(drafter.propose()) == 0
     drafter.observe(DraftTree.empty(), StepResult(tokens=SENTENCE[:2], accepted=[], compute_ms=1.0))
     draft = drafter.propose()
     assert best_chain(draft)[:3] == SENTENCE[2:5]
-    sent = draft.first(3)
+    sent = draft.prefix(3)
     before = draft.accept_probs[0]
     drafter.observe(sent, StepResult(tokens=SENTENCE[2:4] + [99], accepted=[0, 1], compute_ms=1.0))
     assert len(drafter.index) == 1 + len(SENTENCE) + 1 + 2 + 3
@@ -76,7 +75,7 @@ def test_earlier_outputs_supply_continuations_the_context_lacks():
     assert best_chain(drafter.propose()) == SENTENCE[3:]  # and not past that answer's end
     drafter.end()
     drafter.begin([4, 5, 6, 7])
-    assert len(drafter.propose().tree) == 0  # nothing earlier ends like this
+    assert len(drafter.propose()) == 0  # nothing earlier ends like this
 
 
 def test_the_long_term_datastore_supplies_continuations_the_context_lacks(tmp_path):
@@ -89,13 +88,15 @@ def test_the_long_term_datastore_supplies_continuations_the_context_lacks(tmp_pa
 
 def test_the_controller_sends_nothing_for_weak_drafts_and_more_for_strong_ones():
     cost = CostModel(((0, 50.0), (4, 68.0), (16, 110.0), (64, 250.0)))  # as measured on this CPU
-    tree = DraftTree.chain(list(range(20)))
+    def chain(accept_probs):
+        return DraftTree(list(range(20)), list(range(-1, 19)), accept_probs=accept_probs)
+
     controller = TreeSizeController(max_nodes=16)
-    assert controller.choose(Draft(tree, [0.05 * 0.5**i for i in range(20)]), cost, remaining=100) == 0
-    strong = controller.choose(Draft(tree, [0.95**i for i in range(1, 21)]), cost, remaining=100)
+    assert controller.choose(chain([0.05 * 0.5**i for i in range(20)]), cost, remaining=100) == 0
+    strong = controller.choose(chain([0.95**i for i in range(1, 21)]), cost, remaining=100)
     assert 4 <= strong <= 16
-    assert controller.choose(Draft(tree, [0.95**i for i in range(1, 21)]), cost, remaining=2) <= 2
-    assert controller.choose(Draft(tree, None), cost, remaining=100) == 16  # no estimates: the drafter's size
+    assert controller.choose(chain([0.95**i for i in range(1, 21)]), cost, remaining=2) <= 2
+    assert controller.choose(chain(None), cost, remaining=100) == 16  # no estimates: the drafter's size
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -7,12 +7,29 @@ two kinds of layers: sliding-window ones with their own RoPE base, and global on
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear
+
+
+@dataclass
+class Gemma3Layer:
+    sliding: bool  # attends to a window of recent tokens (else to all)
+    attn_norm: torch.Tensor
+    wqkv: Linear  # q, k and v projections fused
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    wo: Linear
+    post_attn_norm: torch.Tensor
+    pre_mlp_norm: torch.Tensor
+    w_gate_up: Linear  # gate and up projections fused
+    w_down: Linear
+    post_mlp_norm: torch.Tensor
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,7 +65,7 @@ class Gemma3Runner:
         for i, l in enumerate(m.layers):
             a = l.self_attn
             self.layers.append(
-                dict(
+                Gemma3Layer(
                     sliding=cfg.layer_types[i] == "sliding_attention",
                     attn_norm=l.input_layernorm.weight,
                     wqkv=Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
@@ -72,21 +89,21 @@ class Gemma3Runner:
             "full": rope_cos_sin(batch.positions, self.head_dim, self.rope_base["full_attention"]),
         }
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        for i, w in enumerate(self.layers):
-            cos, sin = rope["sliding" if w["sliding"] else "full"]
-            h = gemma_rms_norm(x, w["attn_norm"], self.eps)
-            q, k, v = w["wqkv"](h).split([nq, nkv, nkv], dim=-1)
-            q = gemma_rms_norm(q.view(-1, self.num_heads, self.head_dim), w["q_norm"], self.eps)
-            k = gemma_rms_norm(k.view(-1, self.num_kv_heads, self.head_dim), w["k_norm"], self.eps)
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope["sliding" if layer.sliding else "full"]
+            h = gemma_rms_norm(x, layer.attn_norm, self.eps)
+            q, k, v = layer.wqkv(h).split([nq, nkv, nkv], dim=-1)
+            q = gemma_rms_norm(q.view(-1, self.num_heads, self.head_dim), layer.q_norm, self.eps)
+            k = gemma_rms_norm(k.view(-1, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             v = v.view(-1, self.num_kv_heads, self.head_dim)
-            window = self.sliding_window if w["sliding"] else None
-            attn = w["wo"](paged_attention(q, k, v, i, pool, batch, self.scale, window))
-            x = x + gemma_rms_norm(attn, w["post_attn_norm"], self.eps)
-            h = gemma_rms_norm(x, w["pre_mlp_norm"], self.eps)
-            gate, up = w["w_gate_up"](h).chunk(2, dim=-1)
-            mlp = w["w_down"](F.gelu(gate, approximate="tanh") * up)
-            x = x + gemma_rms_norm(mlp, w["post_mlp_norm"], self.eps)
+            window = self.sliding_window if layer.sliding else None
+            attn = layer.wo(paged_attention(q, k, v, i, pool, batch, self.scale, window))
+            x = x + gemma_rms_norm(attn, layer.post_attn_norm, self.eps)
+            h = gemma_rms_norm(x, layer.pre_mlp_norm, self.eps)
+            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)
+            mlp = layer.w_down(F.gelu(gate, approximate="tanh") * up)
+            x = x + gemma_rms_norm(mlp, layer.post_mlp_norm, self.eps)
         logits = self.lm_head(gemma_rms_norm(x[logits_rows], self.norm, self.eps))
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear
+
+
+@dataclass
+class LlamaLayer:
+    attn_norm: torch.Tensor
+    wqkv: Linear  # q, k and v projections fused: one matmul instead of three (fewer, larger GEMMs on CPU)
+    wo: Linear
+    mlp_norm: torch.Tensor
+    w_gate_up: Linear  # gate and up projections fused
+    w_down: Linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,9 +46,8 @@ class LlamaRunner:
         self.embed = m.embed_tokens.weight
         self.norm = m.norm.weight
         self.lm_head = Linear(hf_model.lm_head.weight)
-        # Fused projections: one matmul for q, k, v and one for gate, up (fewer, larger GEMMs on CPU).
         self.layers = [
-            dict(
+            LlamaLayer(
                 attn_norm=l.input_layernorm.weight,
                 wqkv=Linear(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])),
                 wo=Linear(l.self_attn.o_proj.weight),
@@ -53,15 +64,15 @@ class LlamaRunner:
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = rope_cos_sin(batch.positions, self.head_dim, self.rope_base)
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        for i, w in enumerate(self.layers):
-            h = rms_norm(x, w["attn_norm"], self.eps)
-            q, k, v = w["wqkv"](h).split([nq, nkv, nkv], dim=-1)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, self.eps)
+            q, k, v = layer.wqkv(h).split([nq, nkv, nkv], dim=-1)
             q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
             k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
             v = v.view(-1, self.num_kv_heads, self.head_dim)
-            x = x + w["wo"](paged_attention(q, k, v, i, pool, batch, self.scale))
-            h = rms_norm(x, w["mlp_norm"], self.eps)
-            gate, up = w["w_gate_up"](h).chunk(2, dim=-1)
-            x = x + w["w_down"](F.silu(gate) * up)
+            x = x + layer.wo(paged_attention(q, k, v, i, pool, batch, self.scale))
+            h = rms_norm(x, layer.mlp_norm, self.eps)
+            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)
+            x = x + layer.w_down(F.silu(gate) * up)
         x = rms_norm(x[logits_rows], self.norm, self.eps)
         return self.lm_head(x)

@@ -21,17 +21,14 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import platformdirs
 import torch
+
+from specedge.common.cache import cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MANIFEST = "specedge-manifest.json"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPECEDGE_CACHE") or platformdirs.user_cache_dir("specedge"))
 
 
 @dataclass(frozen=True)
@@ -192,3 +189,11 @@ def _check_manifest(entry: Path) -> str | None:
         if st.st_mtime_ns != mtime_ns and _sha256(entry / rel) != sha256:
             return f"{rel}: sha256 mismatch"
     return None
+
+
+def eos_token_ids(hf_model) -> list[int]:
+    """The ids on which transformers' `generate` stops for this model (its generation config)."""
+    eos = hf_model.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)

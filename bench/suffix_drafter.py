@@ -10,7 +10,6 @@ import numpy as np
 
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
-from specedge.edge.drafter import Draft
 
 
 class SuffixDecodingDrafter:
@@ -31,10 +30,10 @@ class SuffixDecodingDrafter:
         self.context = list(prompt_ids)
         self.cache.start_request(self.req, np.asarray(prompt_ids, dtype=np.int32))
 
-    def propose(self) -> Draft:
+    def propose(self) -> DraftTree:
         d = self.cache.speculate(self.req, np.asarray(self.context[-self.max_depth :], dtype=np.int32),
                                  max_spec_tokens=self.max_spec_tokens, use_tree_spec=self.use_tree_spec)
-        return Draft(_as_tree(list(d.token_ids), list(d.parents)))
+        return _as_tree(list(d.token_ids), list(d.parents))
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         self.context.extend(result.tokens)

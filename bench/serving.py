@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 
 
@@ -27,6 +27,7 @@ class DelayedSession:
     def __init__(self, session, rtt_ms: float) -> None:
         self.session, self.half = session, rtt_ms / 2e3
         self.vocab_size, self.prompt_ids, self.params = session.vocab_size, session.prompt_ids, session.params
+        self.max_tree_tokens = session.max_tree_tokens
 
     def step(self, tree: DraftTree) -> StepResult:
         time.sleep(self.half)
@@ -54,9 +55,9 @@ class JobResult:
 def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurrency: int, rtt_ms: float,
               max_new_tokens: int, eos: list[int], make_drafter, max_tree: int) -> tuple[list[JobResult], float]:
     """All jobs through `concurrency` client threads -> (results, wall seconds)."""
-    from specedge.edge.client import RemoteVerifier
     from specedge.edge.controller import TreeSizeController
     from specedge.edge.generation import generate
+    from specedge.edge.transport import RemoteVerifier
 
     params = SamplingParams(max_new_tokens=max_new_tokens)
     results: list[JobResult] = []
@@ -101,13 +102,13 @@ def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurre
     return sorted(results, key=lambda r: r.prompt), wall
 
 
-def serving_rows(args, prompts, encoded, hf, tokenizer, check) -> list[dict]:
+def serving_rows(args, prompts, encoded, hf, check) -> list[dict]:
     """Rows for every (method, concurrency, rtt) level; `check(method, prompt, ids, want, got)` raises on a
     greedy mismatch."""
     from specedge.cloud.launch import VerifierProcess
-    from specedge.common.text import eos_token_ids
-    from specedge.edge.client import RemoteVerifier
+    from specedge.cloud.model_registry import eos_token_ids
     from specedge.edge.registry import make_drafter
+    from specedge.edge.transport import RemoteVerifier
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]

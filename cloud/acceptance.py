@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specedge.cloud.sampling import target_probs
 from specedge.common.draft_tree import DraftTree
-from specedge.common.sampling import SamplingParams, target_probs
+from specedge.common.params import SamplingParams
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Benchmarks: the harness behind `specedge bench` and the scripts behind BENCHMARKS.md."""

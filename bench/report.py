@@ -1,0 +1,110 @@
+"""What `specedge bench` writes: results.json, a Markdown table, plots, and progress while it runs."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+
+def write_results(args, rows: list[dict], store) -> None:
+    results = {
+        "rows": rows,
+        "config": {k: str(v) for k, v in vars(args).items() if k != "run"},
+        "machine": {"python": platform.python_version(), "cpu_count": _cpu_count(),
+                    "torch_threads": _torch_threads(), "platform": platform.platform()},
+        "datastore": store.meta if store is not None else None,
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    table = markdown(rows)
+    (args.out / "results.md").write_text(table)
+    print(table)
+
+
+def markdown(rows: list[dict]) -> str:
+    cols = ["method", "category", "n_prompts", "tokens_per_s", "speedup", "decode_speedup", "mean_accepted",
+            "draft_ms", "tree_size", "ttft_ms"]
+    if rows and "kv_peak_bytes" in rows[0]:
+        cols = ["method", "concurrency", "rtt_ms", "n_prompts", "tokens_per_s", "speedup", "mean_accepted",
+                "draft_ms", "tree_size", "kv_peak_bytes"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join("–" if r[c] is None else str(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedup(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * len(methods) / 3), 4))
+    width = 0.8 / len(methods)
+    for i, m in enumerate(methods):
+        vals = [next(r["speedup"] for r in rows if r["method"] == m and r["category"] == c) for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], vals, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], categories, rotation=30, ha="right")
+    ax.set_ylabel("speedup over own plain decoding (ar)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=120)
+    plt.close(fig)
+
+
+def plot_serving(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (method, rtt) in dict.fromkeys((r["method"], r["rtt_ms"]) for r in rows):
+        pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows if r["method"] == method and r["rtt_ms"] == rtt)
+        ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=f"{method} (rtt {rtt:g} ms)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent edge clients")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=120)
+    plt.close(fig)
+
+
+def progress_reporter(total: int):
+    """A progress bar on a terminal, plain lines otherwise; call with None to finish."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, file=sys.stderr, unit="run")
+
+        def update(msg):
+            if msg is None:
+                bar.close()
+            else:
+                bar.set_postfix_str(msg[-60:])
+                bar.update()
+        return update
+    done = [0]
+
+    def log(msg):
+        if msg is not None:
+            done[0] += 1
+            print(f"[{done[0]}/{total}] {msg}", file=sys.stderr, flush=True)
+    return log
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -1,0 +1,39 @@
+"""A verifier's configuration: every setting with its default and its meaning, in one place. `specedge serve`
+builds its flags from these fields (cli/serve.py), so a default is never written twice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _setting(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ServerConfig:
+    model: str = _setting(DEFAULT_MODEL, "registry name (smollm2-135m, gemma3-270m) or a local Hugging Face "
+                          "model directory")
+    host: str = _setting("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    port: int = _setting(50051, "gRPC port (0 = any free port)")
+    kv_pool_mb: int = _setting(256, "KV cache budget in MiB, allocated at start")
+    max_batch_tokens: int = _setting(2048, "tokens per engine step across sessions; drafts are trimmed to stay "
+                                     "within it")
+    max_prompt_tokens: int = _setting(8192, "longest prompt accepted")
+    max_tree_tokens: int = _setting(128, "largest draft tree accepted per round (clients read it at connect)")
+    max_new_tokens: int = _setting(4096, "most tokens one session may generate")
+    max_sessions_per_client: int = _setting(64, "open sessions per client id")
+    max_tokens_per_client: int = _setting(0, "tokens (prompt + max_new_tokens) a client's open sessions may "
+                                          "claim together; 0 = no limit")
+    idle_timeout_s: float = _setting(300.0, "close sessions idle this long")
+    auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` metadata")
+    tls_cert: str | None = _setting(None, "PEM certificate: serve TLS (with --tls-key)")
+    tls_key: str | None = _setting(None, "PEM private key of --tls-cert")
+    tls_client_ca: str | None = _setting(None, "PEM CA: require client certificates it signed (mutual TLS)")
+    metrics_port: int | None = _setting(None, "serve Prometheus metrics over HTTP here")
+    gather_ms: float = _setting(2.0, "how long a step waits for more sessions' work when none is due")
+    admission_timeout_s: float = _setting(30.0, "refuse a prompt waiting for KV blocks once no session has "
+                                          "given blocks back for this long")
+    grace_s: float = _setting(30.0, "on SIGTERM, let open sessions finish this long")

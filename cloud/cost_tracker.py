@@ -1,0 +1,46 @@
+"""The verifier's pass time by draft-tree tokens, learned from the passes it runs: the cost model it
+advertises to clients and trims shared steps by."""
+
+from __future__ import annotations
+
+import bisect
+
+from specedge.common.cost_model import CostModel
+
+# Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here
+# (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used for sizes not measured yet.
+PRIOR_RELATIVE = {0: 1.0, 1: 1.03, 2: 1.03, 3: 1.05, 4: 1.27, 6: 1.37, 8: 1.49, 12: 1.68, 16: 1.97, 24: 2.38,
+                  32: 2.8, 64: 4.4, 128: 7.8}
+
+
+class CostTracker:
+    """Exponential moving averages of measured pass times in power-of-two buckets of tree tokens."""
+
+    def __init__(self, base_ms: float = 50.0, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.base_ms = base_ms
+        self.measured: dict[int, float] = {}  # bucket (a key of PRIOR_RELATIVE) -> ms
+
+    @staticmethod
+    def bucket(tree_tokens: int) -> int:
+        sizes = list(PRIOR_RELATIVE)
+        return sizes[min(bisect.bisect_left(sizes, tree_tokens), len(sizes) - 1)]
+
+    def observe(self, tree_tokens: int, ms: float) -> None:
+        b = self.bucket(tree_tokens)
+        old = self.measured.get(b)
+        self.measured[b] = ms if old is None else old + self.alpha * (ms - old)
+
+    def model(self) -> CostModel:
+        """Measured buckets as they are; the others scaled from the prior by the nearest measured one."""
+        if self.measured:
+            smallest = min(self.measured)
+            scale = self.measured[smallest] / PRIOR_RELATIVE[smallest]
+        else:
+            scale = self.base_ms
+        points, last = [], 0.0
+        for n, rel in PRIOR_RELATIVE.items():
+            ms = self.measured.get(n, scale * rel)
+            last = max(last, ms)  # a pass with more tokens never costs less: smooth out noise
+            points.append((n, last))
+        return CostModel(tuple(points))

@@ -1,0 +1,30 @@
+"""Which tokens each new token of a step may attend to: a draft tree's nodes see their ancestors only."""
+
+from __future__ import annotations
+
+import torch
+
+from specedge.common.draft_tree import DraftTree
+
+
+def ancestor_mask(tree: DraftTree) -> torch.Tensor:
+    """Bool [n + 1, n + 1] over [root] + nodes: [a, b] is True iff b is a or an ancestor of a."""
+    n = len(tree)
+    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask[0, 0] = True
+    for i, parent in enumerate(tree.parents):
+        mask[i + 1] = mask[parent + 1]
+        mask[i + 1, i + 1] = True
+    return mask
+
+
+def step_mask(cached: int, chain: int, tree: DraftTree) -> torch.Tensor | None:
+    """[n, cached + n] visibility: all cached tokens, the causal chain, and each tree node's ancestors."""
+    n = chain + len(tree)
+    if n == 1:
+        return None
+    new = torch.zeros(n, n, dtype=torch.bool)
+    new[:chain, :chain] = torch.ones(chain, chain, dtype=torch.bool).tril()
+    new[chain:, : chain - 1] = True
+    new[chain - 1 :, chain - 1 :] |= ancestor_mask(tree)
+    return torch.cat([torch.ones(n, cached, dtype=torch.bool), new], dim=1)

@@ -1,0 +1,87 @@
+"""A session that survives broken streams and "come back later" refusals, so that the caller of a
+generation sees one uninterrupted result.
+
+When a stream breaks (verifier restart, network reset) the session reopens, on the next verifier if
+several were given, with the prompt plus everything committed so far, and retries the same draft (it
+hangs off the same token). Greedy output is identical to a run without the break; sampled output keeps
+following the model's distribution. A verifier that refuses it for now (its KV pool is full of other
+sessions: RESOURCE_EXHAUSTED with `specedge-retry-after-ms`) is asked again when it says, for up to
+`busy_wait_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import grpc
+
+from specedge.common import wire
+from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.common.session import StepResult
+from specedge.edge.transport import RemoteVerifier
+
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+             grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
+
+
+class ResumableSession:
+    def __init__(self, connect: Callable[[], RemoteVerifier], prompt_ids: list[int], params: SamplingParams,
+                 client_id: str, fingerprint: str, retries: int = 5, backoff_s: float = 0.2,
+                 busy_wait_s: float = 300.0) -> None:
+        """`connect()` returns a verifier to (re)open the session on: the same or the next one."""
+        self.connect, self.client_id, self.fingerprint = connect, client_id, fingerprint
+        self.prompt_ids, self.params = list(prompt_ids), params
+        self.retries, self.backoff_s, self.busy_wait_s = retries, backoff_s, busy_wait_s
+        self.committed: list[int] = []
+        self.resumes = 0
+        self.session = connect().open(self.prompt_ids, params, client_id, fingerprint)
+        self.vocab_size = self.session.vocab_size
+        self.max_tree_tokens = self.session.max_tree_tokens
+
+    def step(self, tree: DraftTree) -> StepResult:
+        attempt, busy_since = 0, None
+        while True:
+            try:
+                result = self.session.step(tree)
+                self.committed += result.tokens
+                return result
+            except grpc.RpcError as e:
+                retry_after = _retry_after_s(e)
+                if retry_after is not None:
+                    busy_since = busy_since or time.monotonic()
+                    if time.monotonic() - busy_since + retry_after > self.busy_wait_s:
+                        raise
+                    time.sleep(retry_after)
+                elif e.code() not in RETRYABLE or attempt >= self.retries:
+                    raise
+                else:
+                    time.sleep(self.backoff_s * 2**attempt)
+                    attempt += 1
+                self.resumes += 1
+                params = replace(self.params, max_new_tokens=max(1, self.params.max_new_tokens - len(self.committed)))
+                try:
+                    self.session = self.connect().open(self.prompt_ids + self.committed, params, self.client_id,
+                                                       self.fingerprint)
+                except grpc.RpcError:
+                    continue  # that verifier is down too: the next attempt tries the next one
+                self.max_tree_tokens = self.session.max_tree_tokens
+
+    def cost_model(self) -> CostModel:
+        return self.session.cost_model()
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _retry_after_s(error: grpc.RpcError) -> float | None:
+    """Seconds after which a RESOURCE_EXHAUSTED refusal may be retried; None if it may not."""
+    if error.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in error.trailing_metadata() or ():
+        if key == wire.RETRY_AFTER_MS:
+            return float(value) / 1e3
+    return None

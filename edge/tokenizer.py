@@ -1,0 +1,154 @@
+"""The target model's tokenizer on the edge, without transformers: the `tokenizers` library turns text into
+token ids and back, and jinja2 renders the chat template the way transformers' `apply_chat_template` does
+(same sandbox, options, filters and globals), so prompts encode to the same ids byte for byte
+(tests/test_edge_tokenizer.py checks both models against transformers)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from functools import cached_property
+
+import tokenizers
+
+from specedge.common.cache import cache_root
+from specedge.common.tokenizer_bundle import TokenizerBundle, tokenizer_fingerprint, transformers_clean_up
+
+
+class EdgeTokenizer:
+    def __init__(self, backend: tokenizers.Tokenizer, chat_template: str | None, special_tokens: dict[str, str],
+                 clean_up_spaces: bool = False) -> None:
+        self.backend = backend
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens)
+        self.clean_up_spaces = clean_up_spaces
+
+    @classmethod
+    def from_bundle(cls, bundle: TokenizerBundle) -> EdgeTokenizer:
+        return cls(tokenizers.Tokenizer.from_str(bundle.tokenizer_json.decode()), bundle.chat_template,
+                   bundle.special_tokens, bundle.clean_up_spaces)
+
+    @classmethod
+    def from_transformers(cls, tokenizer) -> EdgeTokenizer:
+        """From a transformers (fast) tokenizer already in memory, e.g. the verifier's own."""
+        return cls(tokenizer.backend_tokenizer, tokenizer.chat_template, tokenizer.special_tokens_map,
+                   transformers_clean_up(tokenizer))
+
+    @classmethod
+    def of_verifier(cls, verifier) -> EdgeTokenizer:
+        """A verifier's tokenizer (edge/transport.py's RemoteVerifier): from this device's cache, else
+        fetched from the verifier once and cached under its fingerprint."""
+        fingerprint = verifier.info.tokenizer_fingerprint
+        path = cache_root() / "tokenizers" / fingerprint
+        if path.is_dir():
+            try:
+                tokenizer = cls.from_bundle(TokenizerBundle.load(path))
+                if tokenizer.fingerprint == fingerprint:
+                    return tokenizer
+            except Exception:  # unreadable files; the tokenizers library raises plain Exception on bad JSON
+                pass
+            shutil.rmtree(path, ignore_errors=True)  # damaged or changed on disk: fetch it anew
+        bundle = verifier.tokenizer(fingerprint)
+        tokenizer = cls.from_bundle(bundle)
+        if tokenizer.fingerprint != fingerprint:
+            raise ValueError(f"the verifier sent a tokenizer ({tokenizer.fingerprint}) that is not the one it "
+                             f"advertises ({fingerprint})")
+        bundle.save(path)
+        return tokenizer
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint(self.backend.get_vocab(with_added_tokens=True), self.special_tokens)
+
+    def token_id(self, name: str) -> int | None:
+        """The id of a named special token ("eos_token", ...), None if the tokenizer has none."""
+        token = self.special_tokens.get(name)
+        return None if token is None else self.backend.token_to_id(token)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` with the tokenizer's own special tokens (e.g. BOS), as `tokenizer(text)`."""
+        return self.backend.encode(text).ids
+
+    def encode_documents(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of many texts, without special tokens (the long-term datastore's documents)."""
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; run without --chat")
+        return self._template.render(messages=[dict(m) for m in messages], tools=None, documents=None,
+                                     add_generation_prompt=add_generation_prompt, **self.special_tokens)
+
+    def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids of `prompt`: the default encoding, or the chat template with one user turn."""
+        if not chat:
+            return self.encode(prompt)
+        rendered = self.render_chat([{"role": "user", "content": prompt}])
+        return self.backend.encode(rendered, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return _clean_up(text) if self.clean_up_spaces else text
+
+    @cached_property
+    def _template(self):
+        return _jinja_environment().from_string(self.chat_template)
+
+
+def stop_at_strings(tokenizer: EdgeTokenizer, stops: Sequence[str]) -> Callable[[list[int]], int | None]:
+    """A stop check: the number of tokens to keep once the decoded output contains a stop string."""
+
+    def check(output_ids: list[int]) -> int | None:
+        if not any(s in tokenizer.decode(output_ids) for s in stops):
+            return None
+        # Keep the shortest prefix that already contains a stop string (the text is cut before it later).
+        for n in range(1, len(output_ids) + 1):
+            if any(s in tokenizer.decode(output_ids[:n]) for s in stops):
+                return n
+        return len(output_ids)
+
+    return check
+
+
+def _jinja_environment():
+    """The environment transformers renders chat templates in: a sandbox that cannot change its inputs,
+    trimmed blocks, loop controls, a `tojson` that does not escape HTML, and the same globals."""
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):
+        """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; rendering
+        it is rendering its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message: str):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _clean_up(text: str) -> str:
+    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+                          (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+        text = text.replace(before, after)
+    return text

@@ -1,0 +1,128 @@
+"""The edge's side of the wire (protos/specedge/v1/verifier.proto): a channel to one verifier, its
+information and tokenizer, and a Session stream behind the VerifierSession interface."""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from specedge.common import wire
+from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.common.session import StepResult
+from specedge.common.tokenizer_bundle import TokenizerBundle
+from specedge.protos import verifier_pb2 as pb
+
+SERVICE = "/specedge.v1.Verifier/"
+
+
+@dataclass
+class ChannelConfig:
+    auth_token: str | None = None
+    tls_ca: str | None = None  # PEM: the verifier's CA; set = use TLS
+    tls_cert: str | None = None  # PEM: this client's certificate, for mutual TLS
+    tls_key: str | None = None
+    server_name: str | None = None  # TLS name to verify when it differs from the target's host
+    rpc_timeout_s: float = 600.0
+
+    def channel(self, target: str) -> grpc.Channel:
+        options = [("grpc.max_receive_message_length", 16 << 20)]
+        if self.server_name:
+            options.append(("grpc.ssl_target_name_override", self.server_name))
+        if self.tls_ca is None:
+            return grpc.insecure_channel(target, options=options)
+        read = lambda path: open(path, "rb").read() if path else None  # noqa: E731
+        creds = grpc.ssl_channel_credentials(read(self.tls_ca), read(self.tls_key), read(self.tls_cert))
+        return grpc.secure_channel(target, creds, options=options)
+
+    def metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {self.auth_token}")] if self.auth_token else []
+
+
+class RemoteVerifier:
+    """One connection to a verifier; `info` (model, tokenizer fingerprint, limits, cost) is read at connect."""
+
+    def __init__(self, target: str, config: ChannelConfig | None = None) -> None:
+        self.target, self.config = target, config or ChannelConfig()
+        self.channel = self.config.channel(target)
+        self._session = self._rpc("stream_stream", "Session", pb.SessionRequest, pb.SessionResponse)
+        self._generate = self._rpc("unary_stream", "Generate", pb.GenerateRequest, pb.GenerateResponse)
+        self._tokenizer = self._rpc("unary_stream", "GetTokenizer", pb.GetTokenizerRequest, pb.TokenizerPart)
+        get_info = self._rpc("unary_unary", "GetInfo", pb.GetInfoRequest, pb.VerifierInfo)
+        self.info: pb.VerifierInfo = get_info(pb.GetInfoRequest(), metadata=self.config.metadata(), timeout=30)
+
+    def _rpc(self, kind: str, name: str, request, response):
+        return getattr(self.channel, kind)(SERVICE + name, request_serializer=request.SerializeToString,
+                                           response_deserializer=response.FromString)
+
+    def open(self, prompt_ids: list[int], params: SamplingParams, client_id: str = "",
+             fingerprint: str = "") -> RemoteSession:
+        return RemoteSession(self, prompt_ids, params, client_id, fingerprint)
+
+    def tokenizer(self, fingerprint: str) -> TokenizerBundle:
+        """The verifier's tokenizer, which must be the one of `fingerprint` (else NOT_FOUND)."""
+        parts = self._tokenizer(pb.GetTokenizerRequest(fingerprint=fingerprint), metadata=self.config.metadata(),
+                                timeout=self.config.rpc_timeout_s)
+        return wire.tokenizer_from_parts(parts)
+
+    def server_generate(self, prompt_ids: list[int], params: SamplingParams, client_id: str = "") -> Iterator[list[int]]:
+        """Plain decoding on the verifier (the `Generate` RPC): token lists as they come."""
+        req = pb.GenerateRequest(client_id=client_id, prompt_ids=prompt_ids, params=wire.params_to_pb(params))
+        for resp in self._generate(req, metadata=self.config.metadata(), timeout=self.config.rpc_timeout_s):
+            yield list(resp.tokens)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class RemoteSession:
+    """A Session stream; implements the VerifierSession interface. The prefill goes with the first draft."""
+
+    def __init__(self, verifier: RemoteVerifier, prompt_ids: list[int], params: SamplingParams, client_id: str,
+                 fingerprint: str) -> None:
+        self.verifier = verifier
+        self.vocab_size = verifier.info.vocab_size
+        self.max_tree_tokens = verifier.info.limits.max_tree_tokens
+        self.prompt_ids, self.params = list(prompt_ids), params
+        self.client_id, self.fingerprint = client_id, fingerprint
+        self._requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
+        self._responses = None
+        self._cost = wire.cost_from_pb(verifier.info.cost)
+
+    def step(self, tree: DraftTree) -> StepResult:
+        start = time.perf_counter()
+        if self._responses is None:
+            self._requests.put(pb.SessionRequest(open=pb.OpenSession(
+                client_id=self.client_id, prompt_ids=self.prompt_ids, params=wire.params_to_pb(self.params),
+                tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree))))
+            self._responses = self.verifier._session(iter(self._requests.get, None),
+                                                     metadata=self.verifier.config.metadata(),
+                                                     timeout=self.verifier.config.rpc_timeout_s)
+            verdict = next(self._responses).opened.verdict
+        else:
+            self._requests.put(pb.SessionRequest(draft=wire.tree_to_pb(tree)))
+            verdict = next(self._responses).verdict
+        wall_ms = (time.perf_counter() - start) * 1e3
+        self._cost = wire.cost_from_pb(verdict.cost)
+        return StepResult(tokens=list(verdict.tokens), accepted=list(verdict.accepted), compute_ms=verdict.compute_ms,
+                          queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),
+                          next_max_tree_tokens=verdict.next_max_tree_tokens)
+
+    def cost_model(self) -> CostModel:
+        return self._cost
+
+    def close(self) -> None:
+        if self._responses is not None:
+            self._requests.put(pb.SessionRequest(close=pb.CloseSession()))
+            self._requests.put(None)
+            try:
+                for _ in self._responses:  # let the server finish the stream
+                    pass
+            except grpc.RpcError:
+                pass
+            self._responses = None
