@@ -21,7 +21,7 @@ from specedge.edge.client import EdgeClient
 imported = time.perf_counter()
 client = EdgeClient(sys.argv[1], drafter="retrieval")
 connected = time.perf_counter()
-result = client.generate(sys.argv[2], max_new_tokens=int(sys.argv[3]), chat=True)
+result = client.generate(sys.argv[2], max_new_tokens=int(sys.argv[3]), chat=client.tokenizer.chat_template is not None)
 done = time.perf_counter()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers") or m.startswith("specedge.cloud"))
 rss_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
@@ -35,15 +35,21 @@ def build_edge_venv(where: Path, log=print) -> Path:
     """Create a venv under `where` with only specedge[edge] installed; returns its python."""
     wheels = where / "wheels"
     log("building the specedge wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(wheels), str(ROOT)], check=True)
+    _run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir",
+         str(wheels), str(ROOT))
     venv = where / "edge-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    _run(sys.executable, "-m", "venv", str(venv))
     python = venv / "bin" / "python"
     wheel = next(wheels.glob("specedge-*.whl"))
     log("installing specedge[edge] into a fresh venv")
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", f"{wheel}[edge]"], check=True)
+    _run(str(python), "-m", "pip", "install", "--quiet", f"{wheel}[edge]")
     return python
+
+
+def _run(*command: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 
 
 def installed_packages(python: Path) -> dict[str, int]:

@@ -32,10 +32,12 @@ def add_parser(commands) -> None:
                      help="files or directories for the long-term datastore, or a datastore built with "
                      "`specedge index build` (repeatable); built once and cached")
     gen.add_argument("--max-tree", type=int, default=MAX_TREE_NODES, help="most draft-tree nodes per verification pass")
-    gen.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens, help="stop after this many generated tokens")
+    gen.add_argument("--max-new-tokens", type=int, default=sampling.max_new_tokens,
+                     help="stop after this many generated tokens")
     gen.add_argument("--temperature", type=float, default=sampling.temperature, help="0 = greedy; > 0 samples")
     gen.add_argument("--top-p", type=float, default=sampling.top_p, help="nucleus sampling mass (sampling only)")
-    gen.add_argument("--top-k", type=int, default=sampling.top_k, help="keep the k most likely tokens, 0 = all (sampling only)")
+    gen.add_argument("--top-k", type=int, default=sampling.top_k,
+                     help="keep the k most likely tokens, 0 = all (sampling only)")
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="stop when the output contains TEXT (repeatable); the text is cut before it")

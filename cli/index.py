@@ -41,11 +41,12 @@ def _tokenizer(args: argparse.Namespace):
     from specedge.edge.tokenizer import EdgeTokenizer
 
     if args.server is not None:
+        from specedge.edge.tokenizer_cache import verifier_tokenizer
         from specedge.edge.transport import ChannelConfig, RemoteVerifier
 
         verifier = RemoteVerifier(args.server, ChannelConfig(auth_token=args.auth_token))
         try:
-            return EdgeTokenizer.of_verifier(verifier)
+            return verifier_tokenizer(verifier)
         finally:
             verifier.close()
     from transformers import AutoTokenizer

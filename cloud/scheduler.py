@@ -64,7 +64,8 @@ class VerifyScheduler:
 
     # ---- any thread --------------------------------------------------------------------------------
 
-    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree) -> Future[tuple[Sequence, StepOutcome]]:
+    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree
+             ) -> Future[tuple[Sequence, StepOutcome]]:
         """The prompt prefilled and `tree` verified with it."""
         return self._submit(OpenRequest(prompt_ids, params, tree))
 

@@ -2,28 +2,22 @@
 edge and verifier agree on token ids.
 
 A verifier serves its tokenizer as a TokenizerBundle (GetTokenizer RPC); the edge rebuilds it with the
-`tokenizers` library (edge/tokenizer.py) and keeps it on disk under its fingerprint.
+`tokenizers` library (edge/tokenizer.py) and keeps it on disk under its fingerprint (edge/tokenizer_cache.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-
-CONFIG_FILE = "specedge-tokenizer.json"
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def tokenizer_fingerprint(vocab: dict[str, int], special_tokens: dict[str, str]) -> str:
     """A short hash of what decides token ids and their meaning: every token with its id (added tokens
     included) and the named special tokens (bos, eos, ...). Both sides compute it from what they hold: a
     transformers tokenizer on the verifier, the `tokenizers` library on the edge."""
-    payload = json.dumps({"vocab": sorted(vocab.items(), key=lambda kv: kv[1]), "special": sorted(special_tokens.items())},
-                         ensure_ascii=False)
+    payload = json.dumps({"vocab": sorted(vocab.items(), key=lambda kv: kv[1]),
+                          "special": sorted(special_tokens.items())}, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -34,35 +28,11 @@ class TokenizerBundle:
     special_tokens: dict[str, str]  # transformers' `special_tokens_map`: what chat templates see by name
     clean_up_spaces: bool = False  # decoding removes spaces before punctuation (transformers' clean-up)
 
-    def save(self, directory: Path) -> None:
-        """Write to `directory` atomically: it appears complete or not at all."""
-        directory = Path(directory)
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
-        try:
-            (tmp / TOKENIZER_FILE).write_bytes(self.tokenizer_json)
-            (tmp / CONFIG_FILE).write_text(json.dumps({
-                "chat_template": self.chat_template, "special_tokens": self.special_tokens,
-                "clean_up_spaces": self.clean_up_spaces}, indent=1))
-            os.rename(tmp, directory)
-        except OSError:
-            for f in tmp.iterdir():
-                f.unlink()
-            tmp.rmdir()
-            if not (directory / CONFIG_FILE).is_file():  # not merely another process that got there first
-                raise
-
     @classmethod
     def of_transformers(cls, tokenizer) -> TokenizerBundle:
         """The bundle of a transformers (fast) tokenizer: what it runs, not what its files say."""
         return cls(tokenizer.backend_tokenizer.to_str().encode(), tokenizer.chat_template,
                    dict(tokenizer.special_tokens_map), transformers_clean_up(tokenizer))
-
-    @classmethod
-    def load(cls, directory: Path) -> TokenizerBundle:
-        config = json.loads((Path(directory) / CONFIG_FILE).read_text())
-        return cls((Path(directory) / TOKENIZER_FILE).read_bytes(), config["chat_template"],
-                   dict(config["special_tokens"]), bool(config["clean_up_spaces"]))
 
 
 def transformers_clean_up(tokenizer) -> bool:

@@ -31,6 +31,7 @@ from specedge.edge.generation import GenerationResult, generate
 from specedge.edge.registry import make_drafter
 from specedge.edge.resume import ResumableSession
 from specedge.edge.tokenizer import EdgeTokenizer, stop_at_strings
+from specedge.edge.tokenizer_cache import verifier_tokenizer
 from specedge.edge.transport import ChannelConfig, RemoteVerifier
 
 __all__ = ["AsyncEdgeClient", "ChannelConfig", "ClientResult", "EdgeClient"]
@@ -88,7 +89,7 @@ class EdgeClient:
 
     def _tokenizer(self, given, fingerprint: str) -> EdgeTokenizer:
         if given is None:
-            return EdgeTokenizer.of_verifier(self.verifier)
+            return verifier_tokenizer(self.verifier)
         tokenizer = given if isinstance(given, EdgeTokenizer) else EdgeTokenizer.from_transformers(given)
         if tokenizer.fingerprint != fingerprint:
             raise ValueError(f"this tokenizer ({tokenizer.fingerprint}) is not the verifier's ({fingerprint}, "

@@ -6,14 +6,12 @@ token ids and back, and jinja2 renders the chat template the way transformers' `
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cached_property
 
 import tokenizers
 
-from specedge.common.cache import cache_root
 from specedge.common.tokenizer_bundle import TokenizerBundle, tokenizer_fingerprint, transformers_clean_up
 
 
@@ -35,28 +33,6 @@ class EdgeTokenizer:
         """From a transformers (fast) tokenizer already in memory, e.g. the verifier's own."""
         return cls(tokenizer.backend_tokenizer, tokenizer.chat_template, tokenizer.special_tokens_map,
                    transformers_clean_up(tokenizer))
-
-    @classmethod
-    def of_verifier(cls, verifier) -> EdgeTokenizer:
-        """A verifier's tokenizer (edge/transport.py's RemoteVerifier): from this device's cache, else
-        fetched from the verifier once and cached under its fingerprint."""
-        fingerprint = verifier.info.tokenizer_fingerprint
-        path = cache_root() / "tokenizers" / fingerprint
-        if path.is_dir():
-            try:
-                tokenizer = cls.from_bundle(TokenizerBundle.load(path))
-                if tokenizer.fingerprint == fingerprint:
-                    return tokenizer
-            except Exception:  # unreadable files; the tokenizers library raises plain Exception on bad JSON
-                pass
-            shutil.rmtree(path, ignore_errors=True)  # damaged or changed on disk: fetch it anew
-        bundle = verifier.tokenizer(fingerprint)
-        tokenizer = cls.from_bundle(bundle)
-        if tokenizer.fingerprint != fingerprint:
-            raise ValueError(f"the verifier sent a tokenizer ({tokenizer.fingerprint}) that is not the one it "
-                             f"advertises ({fingerprint})")
-        bundle.save(path)
-        return tokenizer
 
     @cached_property
     def fingerprint(self) -> str:

@@ -70,7 +70,8 @@ class RemoteVerifier:
                                 timeout=self.config.rpc_timeout_s)
         return wire.tokenizer_from_parts(parts)
 
-    def server_generate(self, prompt_ids: list[int], params: SamplingParams, client_id: str = "") -> Iterator[list[int]]:
+    def server_generate(self, prompt_ids: list[int], params: SamplingParams, client_id: str = ""
+                        ) -> Iterator[list[int]]:
         """Plain decoding on the verifier (the `Generate` RPC): token lists as they come."""
         req = pb.GenerateRequest(client_id=client_id, prompt_ids=prompt_ids, params=wire.params_to_pb(params))
         for resp in self._generate(req, metadata=self.config.metadata(), timeout=self.config.rpc_timeout_s):

@@ -49,7 +49,8 @@ class LlamaRunner:
         self.layers = [
             LlamaLayer(
                 attn_norm=l.input_layernorm.weight,
-                wqkv=Linear(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight, l.self_attn.v_proj.weight])),
+                wqkv=Linear(torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight,
+                                       l.self_attn.v_proj.weight])),
                 wo=Linear(l.self_attn.o_proj.weight),
                 mlp_norm=l.post_attention_layernorm.weight,
                 w_gate_up=Linear(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])),
