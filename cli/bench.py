@@ -49,8 +49,6 @@ def add_parser(commands) -> None:
     b.set_defaults(run=run)
 
 
-
-
 def run(args: argparse.Namespace) -> int:
     from specedge.bench.harness import run_bench
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
+from specedge.cloud.acceptance import Verdict
 from specedge.cloud.cost_tracker import CostTracker
 from specedge.cloud.engine import Engine, Sequence
 from specedge.cloud.requests import CloseRequest, OpenRequest, Request, StepOutcome, StepRequest, VerifyRequest
@@ -28,6 +29,17 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 
 DUE_WAIT_FRACTION = 0.1  # of the last step's time: the longest wait for last step's sessions to come back
+
+
+@dataclass
+class _Scheduled:
+    """A request in this step's batch, with its sequence (opened now, for a prefill) and its trimmed tree."""
+
+    request: StepRequest
+    seq: Sequence
+    tree: DraftTree
+    tokens: int  # what it feeds the pass
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ class VerifyScheduler:
             _fail(request.future, RuntimeError("the verifier is shutting down"))
 
     def step(self) -> None:
+        """One engine step: apply the closes that arrived, plan, run the plan's batch, hand out outcomes."""
         self._apply_closes()
         now = time.perf_counter()
         plan = plan_step(self._waiting, self.engine.pool, self.costs.model(), self.limits, now, self._progress)
@@ -120,8 +133,11 @@ class VerifyScheduler:
             _fail(request.future, error)
         if plan.preempted:
             self._progress = replace(self._progress, last_preempt=now)
-        if plan.batch:
-            self._run(plan)
+        batch = self._start(plan)
+        if batch:
+            start = time.perf_counter()
+            verdicts = self.engine.step([(item.seq, item.tree) for item in batch])
+            self._finish(batch, verdicts, start, time.perf_counter())
         elif self._waiting:
             time.sleep(0.005)  # everything waits for blocks: let closes arrive
             self._drain_inbox()
@@ -137,43 +153,45 @@ class VerifyScheduler:
                 close.future.set_result(None)
         self._closing.clear()
 
-    def _run(self, plan: StepPlan) -> None:
+    def _start(self, plan: StepPlan) -> list[_Scheduled]:
+        """Take the plan's requests off the waiting list; open the sequences of its prefills."""
         batch = []
         for request, tree in plan.batch:
             self._waiting.remove(request)
-            if isinstance(request, OpenRequest):
-                try:
-                    seq = self.engine.add_sequence(request.prompt_ids, request.params)
-                except ValueError as e:
-                    _fail(request.future, e)
-                    continue
-                self.active_sessions += 1
-                batch.append((request, seq, tree, seq.num_cached))
-            else:
-                batch.append((request, request.seq, tree, 0))
-        if not batch:
-            return
-        start = time.perf_counter()
-        verdicts = self.engine.step([(seq, tree) for _, seq, tree, _ in batch])
-        ms = (time.perf_counter() - start) * 1e3
+            if isinstance(request, VerifyRequest):
+                batch.append(_Scheduled(request, request.seq, tree, tokens=1 + len(tree)))
+                continue
+            try:
+                seq = self.engine.add_sequence(request.prompt_ids, request.params)
+            except ValueError as e:
+                _fail(request.future, e)
+                continue
+            self.active_sessions += 1
+            batch.append(_Scheduled(request, seq, tree, len(request.prompt_ids) + len(tree), seq.num_cached))
+        return batch
+
+    def _finish(self, batch: list[_Scheduled], verdicts: list[Verdict], start: float, end: float) -> None:
+        """Learn the pass's cost and resolve every request with its outcome."""
+        ms = (end - start) * 1e3
         self._last_step_s = ms / 1e3
-        own = [len(tree) + (1 if isinstance(r, VerifyRequest) else len(r.prompt_ids)) for r, _, tree, _ in batch]
-        step_tokens = sum(own)
-        prefills = sum(isinstance(r, OpenRequest) for r, _, _, _ in batch)
+        step_tokens = sum(item.tokens for item in batch)
+        prefills = sum(isinstance(item.request, OpenRequest) for item in batch)
         if not prefills:  # pass time by tokens beyond the first, at any load
             self.costs.observe(step_tokens - 1, ms)
         cost = self.costs.model()
         next_max = max(0, self.limits.max_batch_tokens // max(1, self.active_sessions) - 1)
         self._due.clear()
-        for (request, seq, tree, cached), verdict, tokens in zip(batch, verdicts, own):
-            outcome = StepOutcome(verdict, len(tree), (start - request.submitted) * 1e3, ms,
-                                  cost.at_load(step_tokens - tokens), self.active_sessions, next_max, cached)
+        for item, verdict in zip(batch, verdicts):
+            request = item.request
+            outcome = StepOutcome(verdict, len(item.tree), (start - request.submitted) * 1e3, ms,
+                                  cost.at_load(step_tokens - item.tokens), self.active_sessions, next_max,
+                                  item.cached_prompt_tokens)
             if not request.future.set_running_or_notify_cancel():  # nobody waits for it any more
                 if isinstance(request, OpenRequest):
-                    self._release(seq)
+                    self._release(item.seq)
                 continue
-            request.future.set_result((seq, outcome) if isinstance(request, OpenRequest) else outcome)
-            self._due.add(seq.seq_id)
+            request.future.set_result((item.seq, outcome) if isinstance(request, OpenRequest) else outcome)
+            self._due.add(item.seq.seq_id)
         if self.on_step is not None:
             self.on_step(StepStats(len(batch), prefills, step_tokens, ms))
 

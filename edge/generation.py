@@ -37,7 +37,6 @@ class GenerationResult:
         return self.num_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-
 def generate(
     session: VerifierSession,
     eos_ids: Iterable[int] = (),

@@ -40,3 +40,6 @@ def test_the_edge_alone_installs_without_torch_and_generates_the_models_own_outp
         want = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24)[0, x.shape[1]:]
     assert out["token_ids"] == want.tolist()
     assert out["text"] == tokenizer.decode(want, skip_special_tokens=True)
+    without_verifier = subprocess.run([str(python.with_name("specedge")), "generate", "Hi"], env=env,
+                                      capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert without_verifier.returncode != 0 and "give --server" in without_verifier.stderr
