@@ -127,7 +127,8 @@ def main() -> None:
         engine = Engine.from_hf_model(hf, kv_pool_bytes=512 << 20)
         chat = bool(getattr(tokenizer, "chat_template", None))
         chosen = specbench.stratified(specbench.load(), args.prompts)
-        prompts = [EdgeTokenizer.from_transformers(tokenizer).encode_prompt(p.text, chat=chat) for p in chosen]
+        edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+        prompts = [edge_tokenizer.encode_prompt(p.text, chat=chat) for p in chosen]
         long_text = " ".join(p.text for p in specbench.load(categories=["summarization"])[:3])
         context = tokenizer(long_text)["input_ids"][: args.context]
         log(f"{name}: plain decoding, engine vs transformers")

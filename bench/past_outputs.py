@@ -31,18 +31,19 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("-o", "--out", type=Path, required=True)
     args = ap.parse_args()
-    hf, tokenizer = load_model(args.model)
+    hf, hf_tokenizer = load_model(args.model)
+    tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
     verifier = LocalVerifier(Engine.from_hf_model(hf, kv_pool_bytes=512 << 20))
     prompts = specbench.load(categories=[args.category])[: args.per_category]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         for p in prompts:
-            ids = EdgeTokenizer.from_transformers(tokenizer).encode_prompt(p.text, chat=True)
+            ids = tokenizer.encode_prompt(p.text, chat=True)
             for seed in range(args.samples):
                 params = SamplingParams(temperature=args.temperature, seed=1000 + seed,
                                         max_new_tokens=args.max_new_tokens)
                 r = generate(verifier.open(ids, params), eos_token_ids(hf))
-                text = tokenizer.decode(r.token_ids, skip_special_tokens=True)
+                text = tokenizer.decode(r.token_ids)
                 f.write(json.dumps({"id": p.id, "seed": 1000 + seed, "text": text}) + "\n")
                 print(f"{p.category}/{p.id} sample {seed}: {len(r.token_ids)} tokens", flush=True)
 

@@ -89,7 +89,8 @@ def model_case(request, real_model):
     hf, tokenizer = real_model(request.param)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=512 << 20)
     chat = bool(getattr(tokenizer, "chat_template", None))
-    prompts = [EdgeTokenizer.from_transformers(tokenizer).encode_prompt(p.text, chat=chat) for p in PROMPTS]
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    prompts = [edge_tokenizer.encode_prompt(p.text, chat=chat) for p in PROMPTS]
     references = []
     for ids in prompts:
         with torch.inference_mode():
