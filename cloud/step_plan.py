@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from specedge.cloud.config import ServerConfig
 from specedge.cloud.kv_pool import KVBlockPool, KVPoolExhausted
 from specedge.cloud.requests import OpenRequest, StepRequest, VerifyRequest
 from specedge.common.cost_model import CostModel
@@ -34,8 +35,8 @@ RETRY_AFTER_S = 1.0  # told to a client whose request was refused for now, not f
 
 @dataclass(frozen=True)
 class StepLimits:
-    max_batch_tokens: int = 2048
-    admission_timeout_s: float = 30.0
+    max_batch_tokens: int = ServerConfig.max_batch_tokens
+    admission_timeout_s: float = ServerConfig.admission_timeout_s
     preempt_every_s: float = 1.0
 
 
