@@ -16,7 +16,7 @@ from specedge.cloud.acceptance import Verdict, verify_tree
 from specedge.cloud.attention import SeqSlice, StepBatch
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.models import build_runner
-from specedge.cloud.sampling import make_generator
+from specedge.cloud.sampling import Draws
 from specedge.cloud.tree_mask import step_mask
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
@@ -28,7 +28,7 @@ class Sequence:
     token_ids: list[int]  # prompt + committed output
     prompt_len: int
     params: SamplingParams
-    generator: torch.Generator
+    draws: Draws
     num_cached: int  # leading tokens whose KV is in the pool
 
     @property
@@ -59,7 +59,7 @@ class Engine:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         seq_id = next(self._ids)
         num_cached = self.pool.open(seq_id, prompt_ids)
-        return Sequence(seq_id, list(prompt_ids), len(prompt_ids), params, make_generator(params.seed), num_cached)
+        return Sequence(seq_id, list(prompt_ids), len(prompt_ids), params, Draws.for_seed(params.seed), num_cached)
 
     def release(self, seq: Sequence) -> None:
         self.pool.close(seq.seq_id)
@@ -68,7 +68,7 @@ class Engine:
         """One forward pass over every sequence's uncomputed tokens plus its draft tree; commit verdicts."""
         verdicts = []
         for (seq, tree), logits in zip(work, self.forward(work)):
-            verdict = verify_tree(tree, logits, seq.params, seq.generator)
+            verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids))
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
         return verdicts

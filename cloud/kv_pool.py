@@ -5,14 +5,18 @@ a hash chained from its predecessor's, so another sequence whose prompt starts w
 reuse it (reference counted). Blocks nobody references but that hold a hash stay cached and are evicted
 least-recently-used when a fresh block is needed. Sequences only ever write past their committed length,
 which always lies in a private block, so shared blocks are never written and need no copy-on-write.
+`on_change` hears of every hash the pool starts or stops holding (routers place prompts by them).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from specedge.common.block_hash import chain_hash, prompt_block_hashes
 
 
 class KVPoolExhausted(RuntimeError):
@@ -76,6 +80,7 @@ class KVBlockPool:
         self.hash_to_block: dict[int, int] = {}
         self.tables: dict[int, BlockTable] = {}
         self.peak_used = 0  # most blocks referenced at once, transient draft-tree blocks included
+        self.on_change: Callable[[list[int], list[int]], None] | None = None  # (stored, removed) hashes
 
     @staticmethod
     def block_bytes(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -106,15 +111,13 @@ class KVBlockPool:
     def _cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
         """(block id, hash) of the cached blocks that hold the longest prefix of `token_ids`, the last
         token excluded."""
-        found, last_hash = [], None
-        for i in range((len(token_ids) - 1) // self.block_size):
-            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = hash((last_hash, chunk))
+        found = []
+        for i, h in enumerate(prompt_block_hashes(token_ids, self.block_size)):
             block_id = self.hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != chunk:
+            chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            if block_id is None or self.blocks[block_id].token_ids != chunk:  # a hash collision
                 break
             found.append((block_id, h))
-            last_hash = h
         return found
 
     def close(self, seq_id: int) -> None:
@@ -167,14 +170,18 @@ class KVBlockPool:
         """Register the hashes of blocks now full of committed tokens (`token_ids` all have KV)."""
         table = self.tables[seq_id]
         full = min(len(token_ids) // self.block_size, len(table.blocks))
+        stored = []
         for i in range(table.num_hashed, full):
             chunk = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = hash((table.last_hash, chunk))
+            h = chain_hash(table.last_hash, chunk)
             block = self.blocks[table.blocks[i]]
             if h not in self.hash_to_block:
                 block.hash, block.token_ids = h, chunk
                 self.hash_to_block[h] = block.block_id
+                stored.append(h)
             table.num_hashed, table.last_hash = i + 1, h
+        if stored and self.on_change is not None:
+            self.on_change(stored, [])
 
     def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Slot indices (into the layer tensors) of the sequence's token positions [start, end)."""
@@ -189,14 +196,14 @@ class KVBlockPool:
 
     def drop_cached(self) -> int:
         """Forget every cached prefix no sequence uses (benchmarks: each run must prefill like the first)."""
-        dropped = len(self.cached_ids)
+        removed = []
         while self.cached_ids:
             block_id, _ = self.cached_ids.popitem(last=False)
-            block = self.blocks[block_id]
-            del self.hash_to_block[block.hash]
-            block.hash, block.token_ids = None, ()
+            removed.append(self._forget(block_id))
             self.free_ids.append(block_id)
-        return dropped
+        if removed and self.on_change is not None:
+            self.on_change([], removed)
+        return len(removed)
 
     # ---- accounting ------------------------------------------------------------------------------
 
@@ -214,13 +221,21 @@ class KVBlockPool:
             block_id = self.free_ids.pop()
         else:
             block_id, _ = self.cached_ids.popitem(last=False)  # evict the least recently used
-            block = self.blocks[block_id]
-            del self.hash_to_block[block.hash]
-            block.hash, block.token_ids = None, ()
+            removed = self._forget(block_id)
+            if self.on_change is not None:
+                self.on_change([], [removed])
         self.blocks[block_id].ref_count = 1
         used = self.num_blocks - len(self.free_ids) - len(self.cached_ids)
         self.peak_used = max(self.peak_used, used)
         return block_id
+
+    def _forget(self, block_id: int) -> int:
+        """Drop a cached block's hash (it is about to be reused or freed); returns the hash."""
+        block = self.blocks[block_id]
+        removed = block.hash
+        del self.hash_to_block[removed]
+        block.hash, block.token_ids = None, ()
+        return removed
 
     def _ref(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -1,10 +1,13 @@
 """The target distribution that sampling parameters define (the same warpers as transformers), and the
-random generator a sequence samples with."""
+random numbers a sequence samples with."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import struct
+from dataclasses import dataclass
 
 import torch
 
@@ -31,8 +34,30 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    """A CPU generator seeded from `seed`, or from fresh OS entropy when `seed` is None."""
-    generator = torch.Generator(device="cpu")
-    generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
-    return generator
+@dataclass(frozen=True)
+class Draws:
+    """The uniform numbers a sequence samples with, each a function of (seed, position, index) alone.
+
+    `position` is the index in prompt + output of the token being chosen; `index` tells apart the numbers
+    one position needs (0: the token drawn from the target, 1..: one per proposed child in rejection
+    sampling). Nothing depends on how many numbers were drawn before, so a session replayed elsewhere
+    (prompt + committed tokens, after a failover or a migration) draws exactly what it would have drawn.
+    With the matching rule (a tree without proposals) the committed token at each position is then the
+    one plain sampling with the same seed gives, whatever the drafts were.
+    """
+
+    seed: int
+
+    @classmethod
+    def for_seed(cls, seed: int | None) -> Draws:
+        """Draws of `seed`, or of a fresh random seed when it is None."""
+        return cls(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+
+    def uniform(self, position: int, index: int = 0) -> float:
+        """A uniform number in [0, 1) with 53 random bits."""
+        key = struct.pack("<QQQ", self.seed & _MASK64, position & _MASK64, index & _MASK64)
+        word = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+        return (word >> 11) * 2.0**-53
+
+
+_MASK64 = (1 << 64) - 1

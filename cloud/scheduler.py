@@ -87,6 +87,11 @@ class VerifyScheduler:
     def close(self, seq: Sequence) -> Future[None]:
         return self._submit(CloseRequest(seq))
 
+    @property
+    def waiting_requests(self) -> int:
+        """Requests not yet in a step (read from any thread: a moment's snapshot)."""
+        return len(self._waiting) + self._inbox.qsize()
+
     def cost_model(self) -> CostModel:
         """Pass time by draft tokens, as measured so far."""
         return self.costs.model()

@@ -48,16 +48,23 @@ class RunningServer:
     health: health.HealthServicer
     port: int
 
-    async def stop(self, grace_s: float = 10.0) -> None:
-        """Graceful: refuse new sessions and report NOT_SERVING, let open sessions finish, then stop."""
-        self.service.draining = True
-        self.health.set(SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    async def stop(self, grace_s: float = 10.0, migrate: bool = False) -> None:
+        """Graceful: refuse new sessions and report NOT_SERVING, let open sessions finish (or, `migrate`,
+        move them to other verifiers at their next round boundary), then stop."""
+        if migrate:
+            self.service.drain()
+        else:
+            self.service.draining = True
+            self.not_serving()
         deadline = time.monotonic() + grace_s
         while self.service.sessions_by_client and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await self.server.stop(grace=max(0.0, deadline - time.monotonic()))
         self.service.scheduler.stop()
+
+    def not_serving(self) -> None:
+        for name in ("", SERVICE):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 async def start_server(model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
@@ -71,6 +78,8 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
         "GetTokenizer": grpc.unary_stream_rpc_method_handler(service.GetTokenizer),
         "Session": grpc.stream_stream_rpc_method_handler(service.Session),
         "Generate": grpc.unary_stream_rpc_method_handler(service.Generate),
+        "WatchCache": grpc.unary_stream_rpc_method_handler(service.WatchCache),
+        "Drain": grpc.unary_unary_rpc_method_handler(service.Drain),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     health_servicer = health.HealthServicer()
@@ -97,4 +106,6 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
         service.metrics.serve(config.metrics_port, config.host)
     log_event("serving", address=f"{config.host}:{port}", model=config.model, tls=bool(config.tls_cert),
              auth=bool(config.auth_token), kv_blocks=model.engine.pool.num_blocks)
-    return RunningServer(server, service, health_servicer, port)
+    running = RunningServer(server, service, health_servicer, port)
+    service.on_drain.append(running.not_serving)
+    return running

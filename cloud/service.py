@@ -19,6 +19,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from specedge import __version__
+from specedge.cloud.cache_watchers import CacheWatchers, net_changes
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
 from specedge.cloud.kv_pool import KVPoolExhausted
@@ -32,6 +33,8 @@ from specedge.common.tokenizer_bundle import TokenizerBundle
 from specedge.protos import verifier_pb2 as pb
 
 log = logging.getLogger("specedge.server")
+
+LOAD_REPORT_S = 0.25  # WatchCache sends the load at least this often
 
 
 @dataclass
@@ -54,12 +57,15 @@ class VerifierService:
     def __init__(self, model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> None:
         self.model, self.engine, self.config = model, model.engine, config
         self.metrics = VerifierMetrics(model.engine.pool)
+        self.cache_watchers = CacheWatchers(model.engine.pool)  # before the scheduler changes the pool
         limits = StepLimits(config.max_batch_tokens, config.admission_timeout_s)
         self.scheduler = VerifyScheduler(model.engine, limits, config.gather_ms, on_step=self.metrics.on_step,
                                          own_thread=scheduler_thread)
         self.sessions_by_client: Counter[str] = Counter()
         self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
-        self.draining = False
+        self.draining = False  # no new sessions
+        self.migrating = asyncio.Event()  # live sessions leave at their next round boundary
+        self.on_drain: list = []  # called when draining starts (the server reports NOT_SERVING)
 
     # ---- RPCs -------------------------------------------------------------------------------------
 
@@ -159,21 +165,80 @@ class VerifierService:
         finally:
             self._release(seq, client, claim)
 
+    async def WatchCache(self, raw: bytes, context):
+        try:
+            _parse(pb.WatchCacheRequest, raw)
+        except _Abort as e:
+            await context.abort(e.code, e.message)
+        held, updates = self.cache_watchers.subscribe()
+        block_size = self.engine.pool.block_size
+        try:
+            yield pb.CacheUpdate(snapshot=True, block_size=block_size, stored=held,
+                                 load=self.load()).SerializeToString()
+            while True:
+                try:
+                    changes = [await asyncio.wait_for(updates.get(), LOAD_REPORT_S)]
+                except asyncio.TimeoutError:
+                    changes = []
+                while not updates.empty():
+                    changes.append(updates.get_nowait())
+                stored, removed = net_changes(changes)
+                yield pb.CacheUpdate(block_size=block_size, stored=stored, removed=removed,
+                                     load=self.load()).SerializeToString()
+        finally:
+            self.cache_watchers.unsubscribe(updates)
+
+    def load(self) -> pb.Load:
+        pool = self.engine.pool
+        return pb.Load(active_sessions=self.scheduler.active_sessions, waiting=self.scheduler.waiting_requests,
+                       kv_used=pool.stats().used / pool.num_blocks, draining=self.draining)
+
+    async def Drain(self, raw: bytes, context) -> bytes:
+        try:
+            _parse(pb.DrainRequest, raw)
+        except _Abort as e:
+            await context.abort(e.code, e.message)
+        return pb.DrainReply(sessions=self.drain()).SerializeToString()
+
+    def drain(self) -> int:
+        """Take no new sessions and move the live ones away (on this event loop); how many there are."""
+        if not self.draining:
+            self.draining = True
+            for hook in self.on_drain:
+                hook()
+        self.migrating.set()
+        live = sum(self.sessions_by_client.values())
+        log_event("drain", sessions=live)
+        return live
+
     # ---- helpers ----------------------------------------------------------------------------------
 
     async def _next(self, requests, context) -> pb.SessionRequest | None:
+        """The client's next message; a migration ends the wait (the client reopens elsewhere)."""
+        read = asyncio.ensure_future(requests.__anext__())
+        migrate = asyncio.ensure_future(self.migrating.wait())
         try:
-            raw = await asyncio.wait_for(requests.__anext__(), timeout=self.config.idle_timeout_s)
-        except StopAsyncIteration:
-            return None
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait({read, migrate}, timeout=self.config.idle_timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            migrate.cancel()
+        if read not in done:
+            read.cancel()
+            if migrate in done:
+                raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining: reopen the session elsewhere",
+                             ((wire.MIGRATE, "1"),))
             raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                          f"session idle for {self.config.idle_timeout_s:.0f} s; its KV blocks were released")
+        try:
+            raw = read.result()
+        except StopAsyncIteration:
+            return None
         return _parse(pb.SessionRequest, raw)
 
     def _validate_open(self, prompt_ids, params_msg, draft_msg, fingerprint: str):
         if self.draining:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is shutting down; open the session elsewhere")
+            raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is shutting down; open the session elsewhere",
+                         ((wire.MIGRATE, "1"),))
         if fingerprint and fingerprint != self.model.fingerprint:
             raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                          f"tokenizer fingerprint {fingerprint} differs from the verifier's {self.model.fingerprint}: "

@@ -12,6 +12,9 @@ from specedge.protos import verifier_pb2 as pb
 # Trailing metadata of a RESOURCE_EXHAUSTED that is "not now" rather than "never": milliseconds after which
 # the same request may succeed (the KV pool was full of other sessions). The SDK resumes then.
 RETRY_AFTER_MS = "specedge-retry-after-ms"
+# Trailing metadata of an UNAVAILABLE from a draining verifier: reopen the session elsewhere now, with the
+# prompt plus the committed tokens (no back-off: the stream ended at a round boundary on purpose).
+MIGRATE = "specedge-migrate"
 TOKENIZER_PART_BYTES = 1 << 20  # gRPC's default message limit is 4 MiB; Gemma 3's tokenizer.json is 33 MB
 
 

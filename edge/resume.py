@@ -6,7 +6,8 @@ several were given, with the prompt plus everything committed so far, and retrie
 hangs off the same token). Greedy output is identical to a run without the break; sampled output keeps
 following the model's distribution. A verifier that refuses it for now (its KV pool is full of other
 sessions: RESOURCE_EXHAUSTED with `specedge-retry-after-ms`) is asked again when it says, for up to
-`busy_wait_s`.
+`busy_wait_s`. A draining verifier (UNAVAILABLE with `specedge-migrate`) ends the stream at a round
+boundary on purpose: the session moves at once, without back-off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.transport import RemoteVerifier
 
+MAX_MOVES_WITHOUT_BACKOFF = 3  # in a row; then (every verifier draining?) moves back off like other retries
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
              grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
 
@@ -43,7 +45,7 @@ class ResumableSession:
         self.max_tree_tokens = self.session.max_tree_tokens
 
     def step(self, tree: DraftTree) -> StepResult:
-        attempt, busy_since = 0, None
+        attempt, busy_since, moves = 0, None, 0
         while True:
             try:
                 result = self.session.step(tree)
@@ -51,7 +53,9 @@ class ResumableSession:
                 return result
             except grpc.RpcError as e:
                 retry_after = _retry_after_s(e)
-                if retry_after is not None:
+                if _told_to_move(e) and moves < MAX_MOVES_WITHOUT_BACKOFF:
+                    moves += 1
+                elif retry_after is not None:
                     busy_since = busy_since or time.monotonic()
                     if time.monotonic() - busy_since + retry_after > self.busy_wait_s:
                         raise
@@ -62,6 +66,7 @@ class ResumableSession:
                     time.sleep(self.backoff_s * 2**attempt)
                     attempt += 1
                 self.resumes += 1
+                self.session.close()  # the broken stream's ends
                 params = replace(self.params, max_new_tokens=max(1, self.params.max_new_tokens - len(self.committed)))
                 try:
                     self.session = self.connect().open(self.prompt_ids + self.committed, params, self.client_id,
@@ -85,3 +90,9 @@ def _retry_after_s(error: grpc.RpcError) -> float | None:
         if key == wire.RETRY_AFTER_MS:
             return float(value) / 1e3
     return None
+
+
+def _told_to_move(error: grpc.RpcError) -> bool:
+    """Whether a draining verifier asked for the session to be reopened elsewhere."""
+    return error.code() == grpc.StatusCode.UNAVAILABLE and any(
+        key == wire.MIGRATE for key, _ in error.trailing_metadata() or ())

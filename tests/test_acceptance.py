@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
 
 from specedge.cloud import acceptance
 from specedge.cloud.acceptance import verify_tree
-from specedge.cloud.sampling import make_generator, target_probs
+from specedge.cloud.sampling import Draws, target_probs
 from specedge.cloud.tree_mask import ancestor_mask
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
@@ -27,7 +27,7 @@ GREEDY = SamplingParams()
 
 def logits_with_argmax(argmaxes: list[int], vocab_size: int = 8) -> torch.Tensor:
     """One row of random logits per entry, whose argmax is that entry."""
-    logits = torch.randn(len(argmaxes), vocab_size, generator=make_generator(0))
+    logits = torch.randn(len(argmaxes), vocab_size, generator=torch.Generator().manual_seed(0))
     logits[torch.arange(len(argmaxes)), argmaxes] = 10.0
     return logits
 
@@ -83,7 +83,7 @@ def random_tree(gen: torch.Generator, n: int, vocab_size: int) -> DraftTree:
 
 def test_greedy_commits_exactly_the_argmax_chain_on_random_trees():
     """Every committed token is the argmax after the previous one, and the walk stops only when no child has it."""
-    gen = make_generator(1)
+    gen = torch.Generator().manual_seed(1)
     for _ in range(200):
         tree = random_tree(gen, n=int(torch.randint(0, 12, (), generator=gen)), vocab_size=3)
         logits = torch.randn(len(tree) + 1, 3, generator=gen)
@@ -191,9 +191,45 @@ def test_sampling_params_defaults_are_greedy():
     assert not SamplingParams(temperature=0.7).greedy
 
 
-def test_make_generator_is_reproducible_with_a_seed_and_fresh_without():
-    assert torch.equal(torch.rand(4, generator=make_generator(7)), torch.rand(4, generator=make_generator(7)))
-    assert not torch.equal(torch.rand(4, generator=make_generator(None)), torch.rand(4, generator=make_generator(None)))
+def test_draws_depend_on_seed_position_and_index_only():
+    draws = Draws.for_seed(7)
+    forward = [draws.uniform(pos, i) for pos in range(50) for i in range(3)]
+    backward = [Draws.for_seed(7).uniform(pos, i) for pos in reversed(range(50)) for i in reversed(range(3))]
+    assert forward == backward[::-1]  # the order of the draws does not matter: a replay draws the same
+    assert len(set(forward)) == len(forward) and all(0 <= u < 1 for u in forward)
+    assert Draws.for_seed(8).uniform(0) != draws.uniform(0)
+    assert Draws.for_seed(None).seed != Draws.for_seed(None).seed  # no seed: fresh numbers
+
+
+def test_draws_are_uniform():
+    u = np.array([Draws(3).uniform(pos, i) for pos in range(4000) for i in range(5)])
+    counts = np.histogram(u, bins=20, range=(0, 1))[0]
+    assert chisquare(counts).pvalue > 1e-3
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.03  # neighbours are not correlated
+
+
+def test_sampling_commits_what_plain_sampling_draws_whatever_the_tree_without_proposals():
+    """The matching rule draws the token at each position with that position's number; so a seeded
+    generation gives the same tokens with any drafts as with none (and so after a replay elsewhere)."""
+    params = SamplingParams(temperature=1.0)
+    draws = Draws(11)
+    gen = torch.Generator().manual_seed(5)
+    table = torch.randn(V, V, generator=gen)  # the next token's logits depend on the last token
+
+    def plain(n: int) -> list[int]:
+        out = [0]
+        for pos in range(1, n + 1):
+            out += verify_tree(DraftTree.empty(), table[out[-1]][None], params, draws, pos).tokens
+        return out[1:]
+
+    want = plain(40)
+    for trial in range(20):
+        out = [0]
+        while len(out) <= 40:
+            tree = random_tree(gen, n=int(torch.randint(0, 8, (), generator=gen)), vocab_size=V)
+            rows = [table[out[-1]]] + [table[t] for t in tree.tokens]
+            out += verify_tree(tree, torch.stack(rows), params, draws, len(out)).tokens
+        assert out[1:41] == want
 
 
 def transformers_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
@@ -215,7 +251,7 @@ def transformers_probs(logits: torch.Tensor, temperature: float, top_k: int, top
 )
 @pytest.mark.parametrize("kind", ["float32", "bfloat16", "ties"])
 def test_target_probs_matches_transformers_warpers(temperature, top_k, top_p, kind):
-    logits = 3 * torch.randn(4, 500, generator=make_generator(3))
+    logits = 3 * torch.randn(4, 500, generator=torch.Generator().manual_seed(3))
     if kind == "bfloat16":
         logits = logits.bfloat16()
     elif kind == "ties":  # many exact ties, also at the top-k boundary
@@ -244,7 +280,7 @@ def test_target_probs_refuses_greedy():
 
 V = 8
 TRIALS = 20_000
-_gen = make_generator(2024)
+_gen = torch.Generator().manual_seed(2024)
 ROOT = 1.5 * torch.randn(V, generator=_gen)
 COND = 1.5 * torch.randn(V, V, generator=_gen)
 DEEP = torch.randn(V, generator=_gen)
@@ -298,12 +334,12 @@ DRAFTS = {"retrieval": retrieval_drafts, "sampled": sampled_drafts}
 
 def simulate(draft: str, params: SamplingParams, trials: int = TRIALS) -> np.ndarray:
     """[trials, 2]: the first two committed tokens, from rounds verified with acceptance.verify_tree."""
-    gen = make_generator(0)
     pairs = np.empty((trials, 2), dtype=np.int64)
-    for n, tree in enumerate(DRAFTS[draft](trials, make_generator(1))):
-        tokens = acceptance.verify_tree(tree, logits_for(tree), params, gen).tokens
+    for n, tree in enumerate(DRAFTS[draft](trials, torch.Generator().manual_seed(1))):
+        draws = Draws(n)
+        tokens = acceptance.verify_tree(tree, logits_for(tree), params, draws).tokens
         if len(tokens) == 1:
-            tokens += acceptance.verify_tree(DraftTree.empty(), ROWS[1 + tokens[0]][None], params, gen).tokens
+            tokens += acceptance.verify_tree(DraftTree.empty(), ROWS[1 + tokens[0]][None], params, draws, 1).tokens
         pairs[n] = tokens[:2]
     return pairs
 
@@ -366,7 +402,7 @@ def test_the_sampled_draft_is_far_from_the_target_so_the_tests_have_power():
     "function, wrong",
     [
         # Accepting the first proposed child with probability 1 commits the drafter's distribution.
-        ("_rejection_sample", lambda p, proposal, child_tokens, generator: (0, p)),
+        ("_rejection_sample", lambda p, proposal, child_tokens, uniforms: (0, p)),
         # After a rejection, going on with p instead of normalise(max(0, p - q)) over-weights rejected tokens.
         ("_residual", lambda p, ids, q: p),
     ],

@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 
 from specedge.cloud.engine import Engine
-from specedge.cloud.sampling import make_generator, target_probs
+from specedge.cloud.sampling import target_probs
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from tiny_models import tiny_llama
@@ -52,7 +52,7 @@ def deterministic_tree(trial: int) -> DraftTree:
 
 def sampled_tree(drafter, q_root: torch.Tensor, q_next: torch.Tensor, trial: int) -> DraftTree:
     """Three children drawn without replacement from the drafter's q at the root, two under each."""
-    gen = make_generator(10_000 + trial)
+    gen = torch.Generator().manual_seed(10_000 + trial)
 
     def draw(q: torch.Tensor, k: int) -> list[int]:  # Gumbel-top-k = k draws without replacement
         gumbel = -torch.log(-torch.log(torch.rand(q.shape, dtype=torch.float64, generator=gen)))

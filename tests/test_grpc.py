@@ -4,6 +4,7 @@ however a session ends, and a client resumes on another verifier without a visib
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.launch import EmbeddedVerifier
 from specedge.cloud.local import LocalVerifier
+from specedge.common.block_hash import prompt_block_hashes
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.edge.client import ChannelConfig, RemoteVerifier, ResumableSession
@@ -427,3 +429,67 @@ def test_graceful_shutdown_lets_open_sessions_finish_and_refuses_new_ones():
     session.close()
     stopper.join(timeout=30)
     assert not stopper.is_alive()
+
+
+def drain(verifier: EmbeddedVerifier) -> int:
+    with grpc.insecure_channel(verifier.target) as channel:
+        call = channel.unary_unary("/specedge.v1.Verifier/Drain", request_serializer=pb.DrainRequest.SerializeToString,
+                                   response_deserializer=pb.DrainReply.FromString)
+        return call(pb.DrainRequest(), timeout=10).sessions
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=40),
+                                    SamplingParams(temperature=1.0, seed=7, max_new_tokens=40)], ids=["greedy", "seeded"])
+def test_a_drained_verifier_moves_its_live_session_and_the_output_is_unchanged(params):
+    """Drain ends the session at its next round boundary; the client reopens it on the other verifier with
+    the prompt plus the committed tokens. Seeded sampling draws by position, so it too comes out the same."""
+    with tiny_verifier() as a, tiny_verifier() as b:
+        want = solo_output(b, params=params)
+        targets = iter([a.target, b.target])
+        session = ResumableSession(lambda: RemoteVerifier(next(targets)), PROMPT, params, "c", "")
+        steps, moved = [0], []
+
+        def drain_a_midway(committed: list[int]) -> DraftTree:
+            steps[0] += 1
+            if steps[0] == 6:
+                moved.append(drain(a))
+            return DraftTree.chain([(committed[-1] + 1) % V])
+
+        got = generate(session, drafter=FunctionDrafter(drain_a_midway))
+        assert moved == [1] and session.resumes == 1
+        assert got.token_ids == want
+        assert a.used_blocks() == 0 and b.used_blocks() == 0
+        assert not healthy(a)  # a draining verifier tells load balancers to look elsewhere
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(RemoteVerifier(a.target).open(PROMPT, GREEDY))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_drafts_as_without(server):
+    params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=40)
+    plain = list(itertools.chain.from_iterable(RemoteVerifier(server.target).server_generate(PROMPT, params)))
+    drafted = generate(RemoteVerifier(server.target).open(PROMPT, params),
+                       drafter=FunctionDrafter(chain_drafts(PROMPT + plain, depth=5)))
+    assert drafted.token_ids == plain
+    assert drafted.rounds < len(plain) / 2  # the drafts were accepted, not just ignored
+
+
+def test_watch_cache_reports_the_prompt_blocks_the_verifier_holds_and_its_load():
+    with tiny_verifier() as v, grpc.insecure_channel(v.target) as channel:
+        watch = channel.unary_stream("/specedge.v1.Verifier/WatchCache",
+                                     request_serializer=pb.WatchCacheRequest.SerializeToString,
+                                     response_deserializer=pb.CacheUpdate.FromString)(pb.WatchCacheRequest(),
+                                                                                       timeout=60)
+        first = next(watch)
+        assert first.snapshot and first.block_size == 16 and not first.stored
+        prompt = list(range(1, 50))  # 3 full blocks before the last token's
+        generate(RemoteVerifier(v.target).open(prompt, SamplingParams(max_new_tokens=2)))
+        held: set[int] = set()
+        for update in watch:  # the load comes at least every 250 ms: the session's end shows soon
+            held |= set(update.stored)
+            if set(prompt_block_hashes(prompt, 16)) <= held and update.load.active_sessions == 0:
+                break
+        assert not update.load.draining
+        drain(v)
+        assert next(watch).load.draining
+        watch.cancel()

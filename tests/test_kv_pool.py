@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specedge.cloud.kv_pool import KVBlockPool, KVPoolExhausted
+from specedge.common.block_hash import prompt_block_hashes
 
 BLOCK = 4
 
@@ -115,6 +116,8 @@ def test_move_copies_kv_between_slots_in_every_layer():
 def test_random_session_histories_keep_the_books_straight_and_leak_nothing(seed):
     rng = random.Random(seed)
     pool = make_pool(rng.randint(6, 24))
+    announced: set[int] = set()  # what a router hears of: the pool's hashes, from its on_change events
+    pool.on_change = lambda stored, removed: (announced.update(stored), announced.difference_update(removed))
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(0, 12))] for _ in range(3)]
     committed: dict[int, list[int]] = {}
     next_id = 0
@@ -148,6 +151,7 @@ def test_random_session_histories_keep_the_books_straight_and_leak_nothing(seed)
             pool.close(seq_id)
             del committed[seq_id]
         check_invariants(pool)
+        assert announced == set(pool.hash_to_block)
     for seq_id in committed:
         pool.close(seq_id)
     check_invariants(pool)
@@ -168,3 +172,18 @@ def test_drop_cached_frees_unreferenced_prefixes_and_keeps_used_ones():
     assert pool.open(3, [100, 1, 2, 3, 9]) == 0  # sequence 1's prefix is gone
     assert pool.open(4, [200, 1, 2, 3, 9]) == 4  # sequence 2's is still in use and shared
     check_invariants(pool)
+
+
+def test_a_router_computes_from_the_prompt_the_hashes_the_pool_announced():
+    pool = make_pool(16)
+    announced: list[int] = []
+    pool.on_change = lambda stored, removed: announced.extend(stored)
+    document = list(range(10, 23))  # 13 tokens: 3 full blocks
+    pool.open(1, document)
+    pool.reserve(1, len(document))
+    pool.commit(1, document)
+    question = document + [7, 8]  # shares the document's 3 blocks
+    hashes = prompt_block_hashes(question, BLOCK)
+    assert hashes == announced
+    assert pool.open(2, question) == len(hashes) * BLOCK
+    assert prompt_block_hashes(document[:12], BLOCK) == announced[:2]  # the last token's block is never reused
