@@ -4,11 +4,9 @@ defaults and help written there."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-import types
-import typing
 
+from specedge.cli.flags import add_config_flags, config_from_args
 from specedge.cloud.config import ServerConfig
 
 
@@ -18,12 +16,7 @@ def add_parser(commands) -> None:
         description="Serve a model as a specedge verifier: edge clients open sessions, send draft trees and get "
         "the accepted tokens; sessions are batched into shared engine steps over one paged KV pool.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(ServerConfig)
-    for f in dataclasses.fields(ServerConfig):
-        kind = hints[f.name]
-        if isinstance(kind, types.UnionType):  # `X | None`: the flag takes an X
-            kind = next(t for t in typing.get_args(kind) if t is not type(None))
-        s.add_argument("--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["help"])
+    add_config_flags(s, ServerConfig)
     s.set_defaults(run=run)
 
 
@@ -33,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("specedge serve: --tls-cert and --tls-key go together")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    config = ServerConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)})
+    config = config_from_args(ServerConfig, args)
     try:
         serve_forever(config)
     except (ValueError, OSError) as e:

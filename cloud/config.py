@@ -36,4 +36,8 @@ class ServerConfig:
     gather_ms: float = _setting(2.0, "how long a step waits for more sessions' work when none is due")
     admission_timeout_s: float = _setting(30.0, "refuse a prompt waiting for KV blocks once no session has "
                                           "given blocks back for this long")
-    grace_s: float = _setting(30.0, "on SIGTERM, let open sessions finish this long")
+    grace_s: float = _setting(30.0, "on SIGTERM, let open sessions finish (or move, with --register) this long")
+    register: str | None = _setting(None, "router (host:port) to join with a lease renewed by heartbeat; SIGTERM "
+                                    "then moves live sessions to other verifiers instead of waiting for them")
+    advertise: str | None = _setting(None, "host:port the router reaches this verifier at (default: "
+                                     "--host:the bound port)")

@@ -148,6 +148,17 @@ class EmbeddedVerifier:
             time.sleep(0.05)
         return used
 
+    def kill(self) -> None:
+        """Stop answering at once, with no drain and no goodbye to a router: as near to SIGKILL as a server in
+        this process gets (its clients' streams break)."""
+
+        async def die() -> None:
+            if self.running.registration is not None:
+                self.running.registration.cancel()
+            await self.running.server.stop(None)
+
+        asyncio.run_coroutine_threadsafe(die(), self._loop).result(timeout=30)
+
     def stop(self, grace_s: float = 5.0) -> None:
         if self.running is None:
             return

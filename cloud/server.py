@@ -11,34 +11,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specedge.cloud.auth import BearerAuth
 from specedge.cloud.config import ServerConfig
+from specedge.cloud.router.registration import Registration
 from specedge.cloud.service import ServedModel, VerifierService, log_event
 from specedge.protos import verifier_pb2 as pb
 
 SERVICE = "specedge.v1.Verifier"
-
-
-class _BearerAuth(grpc.aio.ServerInterceptor):
-    """Every call to the Verifier service needs `authorization: Bearer <token>`; health checks do not."""
-
-    def __init__(self, token: str) -> None:
-        self.expected = f"Bearer {token}"
-
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if not details.method.startswith(f"/{SERVICE}/"):
-            return handler
-        if dict(details.invocation_metadata or ()).get("authorization") == self.expected:
-            return handler
-
-        async def deny(request, context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
-
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(deny)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny)
-        return grpc.unary_unary_rpc_method_handler(deny)
 
 
 @dataclass
@@ -48,9 +27,16 @@ class RunningServer:
     health: health.HealthServicer
     port: int
 
-    async def stop(self, grace_s: float = 10.0, migrate: bool = False) -> None:
+    registration: Registration | None = None
+
+    async def stop(self, grace_s: float = 10.0, migrate: bool | None = None) -> None:
         """Graceful: refuse new sessions and report NOT_SERVING, let open sessions finish (or, `migrate`,
-        move them to other verifiers at their next round boundary), then stop."""
+        move them to other verifiers at their next round boundary), then stop. A verifier registered with a
+        router leaves its fleet first and migrates unless told otherwise."""
+        if migrate is None:
+            migrate = self.registration is not None
+        if self.registration is not None:
+            await self.registration.leave()
         if migrate:
             self.service.drain()
         else:
@@ -70,7 +56,7 @@ class RunningServer:
 async def start_server(model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
     """Serve `model`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
     service = VerifierService(model, config, scheduler_thread)
-    interceptors = [_BearerAuth(config.auth_token)] if config.auth_token else []
+    interceptors = [BearerAuth(config.auth_token, (f"/{SERVICE}/",))] if config.auth_token else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", 16 << 20), ("grpc.so_reuseport", 0)])
     handlers = {
@@ -107,5 +93,8 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
     log_event("serving", address=f"{config.host}:{port}", model=config.model, tls=bool(config.tls_cert),
              auth=bool(config.auth_token), kv_blocks=model.engine.pool.num_blocks)
     running = RunningServer(server, service, health_servicer, port)
+    if config.register:
+        metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else ()
+        running.registration = Registration(config.register, config.advertise or f"{config.host}:{port}", metadata)
     service.on_drain.append(running.not_serving)
     return running

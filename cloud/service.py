@@ -216,14 +216,16 @@ class VerifierService:
     async def _next(self, requests, context) -> pb.SessionRequest | None:
         """The client's next message; a migration ends the wait (the client reopens elsewhere)."""
         read = asyncio.ensure_future(requests.__anext__())
+        read.add_done_callback(_retrieved)  # also when the stream ends while nobody waits for it any more
         migrate = asyncio.ensure_future(self.migrating.wait())
         try:
             done, _ = await asyncio.wait({read, migrate}, timeout=self.config.idle_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             migrate.cancel()
+            if not read.done():
+                read.cancel()
         if read not in done:
-            read.cancel()
             if migrate in done:
                 raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining: reopen the session elsewhere",
                              ((wire.MIGRATE, "1"),))
@@ -304,6 +306,11 @@ class VerifierService:
                           compute_ms=o.compute_ms,
                           next_max_tree_tokens=min(self.config.max_tree_tokens, o.next_max_tree_tokens),
                           cost=wire.cost_to_pb(o.cost, o.active_sessions))
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _parse(cls, raw: bytes):

@@ -35,7 +35,7 @@ def run_in_process(capsys, *args: str) -> tuple[int, str, str]:
 def test_every_flag_of_every_command_has_help_text():
     parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices
-    assert {"generate", "serve", "index", "bench"} <= set(commands)
+    assert {"generate", "serve", "router", "index", "bench"} <= set(commands)
     pending = [(name, sub) for name, sub in commands.items()]
     while pending:
         name, sub = pending.pop()

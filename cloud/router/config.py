@@ -1,0 +1,28 @@
+"""A router's configuration: every setting with its default and meaning, in one place (`specedge router`
+builds its flags from these fields)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specedge.cloud.router.placement import POLICIES
+
+
+def _setting(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RouterConfig:
+    host: str = _setting("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
+    port: int = _setting(50050, "gRPC port (0 = any free port)")
+    verifiers: str = _setting("", "static verifiers, host:port,...; others join with `specedge serve --register`")
+    policy: str = _setting("affinity", f"placement: {', '.join(POLICIES)}")
+    balance_threshold: float = _setting(4.0, "a verifier with a cached prefix loses a session only when its load "
+                                        "(sessions + queued requests) exceeds the least-loaded one's by more")
+    health_interval_s: float = _setting(0.5, "how often each verifier's gRPC health is checked")
+    health_timeout_s: float = _setting(1.0, "a health check unanswered this long takes the verifier out")
+    lease_s: float = _setting(3.0, "registered verifiers leave unless they renew within this")
+    auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` from clients")
+    verifier_auth_token: str | None = _setting(None, "bearer token to present to verifiers")
+    metrics_port: int | None = _setting(None, "serve Prometheus metrics over HTTP here")

@@ -1,0 +1,157 @@
+"""The router (cloud/router/) in front of tiny verifiers, over real gRPC on 127.0.0.1: relayed sessions
+give the verifiers' own output; placement follows the verifiers' reported prefix caches (an eviction
+redirects the next session; a saturated verifier does not turn affinity off for the others); verifiers
+join by registering and leave when they stop answering; a drain or a lost verifier moves live sessions
+with the output unchanged."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from test_grpc import PROMPT, V, solo_output, tiny_verifier
+
+from specedge.cloud.router.config import RouterConfig
+from specedge.cloud.router.server import EmbeddedRouter
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.edge.drafter import FunctionDrafter
+from specedge.edge.generation import generate
+from specedge.edge.resume import ResumableSession
+from specedge.edge.transport import RemoteVerifier
+from specedge.protos import router_pb2 as rpb
+
+DOCUMENT = [(7 * i) % (V - 2) + 2 for i in range(64)]  # 4 blocks of 16 tokens
+
+
+def router_for(*verifiers, **config) -> EmbeddedRouter:
+    router = EmbeddedRouter(RouterConfig(port=0, verifiers=",".join(v.target for v in verifiers), **config))
+    wait_for(lambda: len(router.call(router.fleet.pool)) == len(verifiers), "the verifiers to join")
+    return router
+
+
+def wait_for(condition, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.02)
+
+
+def listing(router: EmbeddedRouter) -> dict[str, rpb.VerifierStatus]:
+    with grpc.insecure_channel(router.target) as channel:
+        reply = channel.unary_unary("/specedge.v1.Router/ListVerifiers",
+                                    request_serializer=rpb.ListVerifiersRequest.SerializeToString,
+                                    response_deserializer=rpb.VerifierList.FromString)(rpb.ListVerifiersRequest())
+    return {v.address: v for v in reply.verifiers}
+
+
+def cached_blocks(router: EmbeddedRouter, verifier) -> int:
+    return listing(router)[verifier.target].cached_blocks
+
+
+def sessions_opened(verifier) -> int:
+    return sum(sample.value for metric in verifier.service.metrics.sessions_total.collect()
+               for sample in metric.samples if sample.name.endswith("_total"))
+
+
+def through(router: EmbeddedRouter, prompt, params=SamplingParams(max_new_tokens=8)) -> list[int]:
+    return generate(RemoteVerifier(router.target).open(prompt, params)).token_ids
+
+
+def test_a_session_through_the_router_gives_the_verifiers_own_output():
+    with tiny_verifier() as a, tiny_verifier() as b, router_for(a, b) as router:
+        params = SamplingParams(max_new_tokens=30)
+        assert through(router, PROMPT, params) == solo_output(a, params=params)
+        verifier = RemoteVerifier(router.target)
+        assert verifier.info.vocab_size == V
+        assert list(verifier.server_generate(PROMPT, SamplingParams(max_new_tokens=5))) != []
+
+
+def test_the_same_document_goes_to_the_verifier_that_holds_it_and_an_eviction_redirects_it():
+    with tiny_verifier() as a, tiny_verifier() as b, router_for(a, b) as router:
+        solo_output(a, prompt=DOCUMENT + [3], params=SamplingParams(max_new_tokens=2))  # a now holds it
+        wait_for(lambda: cached_blocks(router, a) == 4, "the router to learn what a holds")
+        before = sessions_opened(a), sessions_opened(b)
+        for question in range(4):
+            through(router, DOCUMENT + [10 + question, 11])
+        assert (sessions_opened(a) - before[0], sessions_opened(b) - before[1]) == (4, 0)
+
+        assert a.used_blocks() == 0  # its sessions have ended ...
+        a.engine.pool.drop_cached()  # ... so a evicts the document ...
+        solo_output(b, prompt=DOCUMENT + [4], params=SamplingParams(max_new_tokens=2))  # ... and b takes it
+        wait_for(lambda: cached_blocks(router, a) == 0 and cached_blocks(router, b) == 4, "the eviction to show")
+        before = sessions_opened(a), sessions_opened(b)
+        through(router, DOCUMENT + [20, 21])
+        assert (sessions_opened(a) - before[0], sessions_opened(b) - before[1]) == (0, 1)
+
+
+def test_a_saturated_verifier_loses_its_documents_but_affinity_holds_for_the_others():
+    with tiny_verifier() as a, tiny_verifier() as b, tiny_verifier() as c, \
+            router_for(a, b, c, balance_threshold=2) as router:
+        other = [d + 1 for d in DOCUMENT]
+        solo_output(a, prompt=DOCUMENT + [3], params=SamplingParams(max_new_tokens=2))
+        solo_output(b, prompt=other + [3], params=SamplingParams(max_new_tokens=2))
+        held = [RemoteVerifier(a.target).open(PROMPT, SamplingParams(max_new_tokens=200)) for _ in range(5)]
+        for session in held:  # a is busy with 5 open sessions
+            session.step(DraftTree.empty())
+        wait_for(lambda: listing(router)[a.target].active_sessions == 5 and cached_blocks(router, b) == 4,
+                 "the router to see a's load and b's cache")
+        before = [sessions_opened(v) for v in (a, b, c)]
+        through(router, DOCUMENT + [30, 31])  # a holds it but is over the threshold: the least loaded gets it
+        through(router, other + [30, 31])  # b holds this one and is not saturated: affinity holds
+        after = [sessions_opened(v) for v in (a, b, c)]
+        assert [x - y for x, y in zip(after, before)] in ([0, 1, 1], [0, 2, 0])
+        assert after[1] - before[1] >= 1
+        for session in held:
+            session.close()
+
+
+def test_verifiers_join_by_registering_and_a_stopped_one_leaves_the_pool_within_2_s():
+    with EmbeddedRouter(RouterConfig(port=0)) as router, \
+            tiny_verifier(register=router.target) as a, tiny_verifier(register=router.target) as b:
+        wait_for(lambda: len(router.call(router.fleet.pool)) == 2, "both verifiers to register")
+        assert through(router, PROMPT) == solo_output(a, params=SamplingParams(max_new_tokens=8))
+        a.kill()  # a stops answering: no goodbye, no drain
+        stopped = time.monotonic()
+        wait_for(lambda: [m.address for m in router.call(router.fleet.pool)] == [b.target], "a to leave", 2.5)
+        assert time.monotonic() - stopped < 2.0
+        assert cached_blocks(router, b) >= 0 and a.target not in router.call(lambda: router.fleet.index._held)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=40),
+                                    SamplingParams(temperature=1.0, seed=5, max_new_tokens=40)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("fault", ["drain", "stop"])
+def test_a_session_moves_through_the_router_with_its_output_unchanged(fault, params):
+    with tiny_verifier() as a, tiny_verifier() as b, router_for(a, b) as router:
+        want = solo_output(b, params=params)
+        assert b.used_blocks() == 0
+        b.engine.pool.drop_cached()  # so the session starts on a (least loaded, then by address)
+        wait_for(lambda: cached_blocks(router, b) == 0, "b's cache to empty")
+        session = ResumableSession(lambda: RemoteVerifier(router.target), PROMPT, params, "c", "")
+        steps = [0]
+        first = []
+
+        def fault_midway(committed: list[int]) -> DraftTree:
+            steps[0] += 1
+            if steps[0] == 2:
+                first.append(next(v for v in (a, b) if v.service.sessions_by_client))
+            if steps[0] == 6:
+                holder = first[0]
+                if fault == "drain":
+                    with grpc.insecure_channel(router.target) as channel:
+                        channel.unary_unary("/specedge.v1.Router/Drain",
+                                            request_serializer=rpb.DrainVerifierRequest.SerializeToString,
+                                            response_deserializer=rpb.DrainVerifierReply.FromString)(
+                            rpb.DrainVerifierRequest(address=holder.target), timeout=10)
+                else:
+                    holder.kill()  # gone mid-generation
+            return DraftTree.chain([(committed[-1] + 1) % V])
+
+        started = time.monotonic()
+        got = generate(session, drafter=FunctionDrafter(fault_midway))
+        assert got.token_ids == want
+        assert session.resumes == 1
+        assert time.monotonic() - started < 10
