@@ -23,7 +23,7 @@ from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
-from specedge.edge.transport import RemoteVerifier
+from specedge.edge.transport import RemoteSession, RemoteVerifier
 
 MAX_MOVES_WITHOUT_BACKOFF = 3  # in a row; then (every verifier draining?) moves back off like other retries
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
@@ -39,19 +39,31 @@ class ResumableSession:
         self.prompt_ids, self.params = list(prompt_ids), params
         self.retries, self.backoff_s, self.busy_wait_s = retries, backoff_s, busy_wait_s
         self.committed: list[int] = []
-        self.resumes = 0
-        self.session = connect().open(self.prompt_ids, params, client_id, fingerprint)
+        self.resumes = 0  # streams that broke (or were moved) and were reopened
+        self.session: RemoteSession | None = None
+        self._cost: CostModel | None = None
+        self.step(None)  # connects: the prefill goes with the first draft
         self.vocab_size = self.session.vocab_size
         self.max_tree_tokens = self.session.max_tree_tokens
 
-    def step(self, tree: DraftTree) -> StepResult:
+    def step(self, tree: DraftTree | None) -> StepResult | None:
+        """The verdict on `tree` (None: only make sure a session is open), across breaks and refusals."""
         attempt, busy_since, moves = 0, None, 0
         while True:
             try:
+                if self.session is None:
+                    self.session = self._open()
+                if tree is None:
+                    return None
                 result = self.session.step(tree)
                 self.committed += result.tokens
                 return result
             except grpc.RpcError as e:
+                if self.session is not None:  # its stream broke: reopen (and count it) below
+                    self._cost = self.session.cost_model()
+                    self.session.close()
+                    self.session = None
+                    self.resumes += 1
                 retry_after = _retry_after_s(e)
                 if _told_to_move(e) and moves < MAX_MOVES_WITHOUT_BACKOFF:
                     moves += 1
@@ -65,21 +77,20 @@ class ResumableSession:
                 else:
                     time.sleep(self.backoff_s * 2**attempt)
                     attempt += 1
-                self.resumes += 1
-                self.session.close()  # the broken stream's ends
-                params = replace(self.params, max_new_tokens=max(1, self.params.max_new_tokens - len(self.committed)))
-                try:
-                    self.session = self.connect().open(self.prompt_ids + self.committed, params, self.client_id,
-                                                       self.fingerprint)
-                except grpc.RpcError:
-                    continue  # that verifier is down too: the next attempt tries the next one
-                self.max_tree_tokens = self.session.max_tree_tokens
+
+    def _open(self) -> RemoteSession:
+        """A new stream for the rest of the generation: the prompt plus everything committed so far."""
+        params = replace(self.params, max_new_tokens=max(1, self.params.max_new_tokens - len(self.committed)))
+        session = self.connect().open(self.prompt_ids + self.committed, params, self.client_id, self.fingerprint)
+        self.max_tree_tokens = session.max_tree_tokens
+        return session
 
     def cost_model(self) -> CostModel:
-        return self.session.cost_model()
+        return self.session.cost_model() if self.session is not None else self._cost
 
     def close(self) -> None:
-        self.session.close()
+        if self.session is not None:
+            self.session.close()
 
 
 def _retry_after_s(error: grpc.RpcError) -> float | None:

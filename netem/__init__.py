@@ -1,0 +1,1 @@
+"""Network emulation for experiments and tests: a TCP proxy with delay, jitter, bandwidth and faults."""
