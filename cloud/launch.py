@@ -174,18 +174,21 @@ class EmbeddedVerifier:
         self.stop()
 
 
-class VerifierProcess:
-    """`specedge serve` as a child process on loopback ports, as it runs in a deployment: its own
-    interpreter and GIL, apart from the clients. For benchmarks and tests."""
+class ServiceProcess:
+    """A `specedge` service (`serve`, `router`) as a child process on loopback ports, as it runs in a
+    deployment: its own interpreter and GIL, apart from the clients. For benchmarks and tests."""
 
-    def __init__(self, *serve_args: str, startup_s: float = 300.0) -> None:
-        self.port, self.metrics_port = free_port(), free_port()
+    def __init__(self, command: str, *args: str, port: int | None = None, startup_s: float = 300.0) -> None:
+        self.port, self.metrics_port = port or free_port(), free_port()
         self.target = f"127.0.0.1:{self.port}"
+        self._argv = [sys.executable, "-m", "specedge.cli", command, "--host", "127.0.0.1", "--port", str(self.port),
+                      "--metrics-port", str(self.metrics_port), *args]
         self._log = tempfile.TemporaryFile(mode="w+")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "specedge.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--metrics-port", str(self.metrics_port), *serve_args],
-            stdout=self._log, stderr=subprocess.STDOUT)
+        self.start(startup_s)
+
+    def start(self, startup_s: float = 300.0) -> None:
+        """(Re)start the process on the same ports and wait until it serves."""
+        self._proc = subprocess.Popen(self._argv, stdout=self._log, stderr=subprocess.STDOUT)
         try:
             self._wait_serving(startup_s)
         except BaseException:
@@ -198,7 +201,7 @@ class VerifierProcess:
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"the verifier exited with {self._proc.returncode}:\n{self.output()}")
+                raise RuntimeError(f"{self._argv[3]} exited with {self._proc.returncode}:\n{self.output()}")
             with grpc.insecure_channel(self.target) as channel:
                 try:
                     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
@@ -206,20 +209,29 @@ class VerifierProcess:
                         return
                 except grpc.RpcError:
                     pass
-            time.sleep(0.2)
-        raise TimeoutError(f"the verifier did not start serving within {startup_s:.0f} s:\n{self.output()}")
+            time.sleep(0.1)
+        raise TimeoutError(f"{self._argv[3]} did not start serving within {startup_s:.0f} s:\n{self.output()}")
 
     def metric(self, name: str) -> float:
-        """The value of an unlabelled Prometheus metric of the verifier."""
+        """The value of an unlabelled Prometheus metric of the process."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + " "):
                     return float(line.split()[1])
-        raise KeyError(f"the verifier has no metric {name}")
+        raise KeyError(f"{self._argv[3]} has no metric {name}")
 
     def output(self) -> str:
         self._log.seek(0)
         return self._log.read()
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no goodbye."""
+        self._proc.kill()
+        self._proc.wait()
 
     def stop(self, grace_s: float = 30.0) -> None:
         if self._proc.poll() is None:
@@ -230,12 +242,19 @@ class VerifierProcess:
                 self._proc.kill()
                 self._proc.wait()
 
-    def __enter__(self) -> VerifierProcess:
+    def __enter__(self) -> ServiceProcess:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
         self._log.close()
+
+
+class VerifierProcess(ServiceProcess):
+    """`specedge serve` as a child process."""
+
+    def __init__(self, *serve_args: str, startup_s: float = 300.0) -> None:
+        super().__init__("serve", *serve_args, startup_s=startup_s)
 
 
 def free_port() -> int:
