@@ -112,7 +112,7 @@ class Methods:
 
 def run_bench(args: argparse.Namespace) -> int:
     from specedge.cloud.engine import Engine
-    from specedge.cloud.model_registry import load_model
+    from specedge.cloud.model_registry import eos_token_ids, load_model
     from specedge.edge.corpus import open_corpus
     from specedge.edge.tokenizer import EdgeTokenizer
 
@@ -120,6 +120,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return SystemExit(f"specedge bench: {msg}")
 
     serving = args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or "server-ar" in args.baselines.split(",")
+    if args.server:
+        return _run_against_server(args)
     try:
         prompts = load_prompts(args)
         hf, hf_tokenizer = load_model(args.model)
@@ -141,7 +143,7 @@ def run_bench(args: argparse.Namespace) -> int:
         def check(method, prompt, ids, want, got):
             check_greedy_match(engine, method, prompt, ids, want, got)
 
-        rows = serving_rows(args, prompts, encoded, hf, check)
+        rows = serving_rows(args, prompts, encoded, eos_token_ids(hf), check)
         write_results(args, rows, store)
         plot_serving(rows, args.out)
         return 0
@@ -170,6 +172,36 @@ def run_bench(args: argparse.Namespace) -> int:
     rows = summarize(runs, names, args)
     write_results(args, rows, store)
     plot_speedup(rows, args.out)
+    return 0
+
+
+def _run_against_server(args: argparse.Namespace) -> int:
+    """gRPC mode against a running verifier or router: an edge-only run (no model here; the tokenizer comes
+    from the verifier). Greedy mismatches are errors outright: near-ties cannot be checked without the model."""
+    from specedge.bench.serving import serving_rows
+    from specedge.edge.tokenizer_cache import verifier_tokenizer
+    from specedge.edge.transport import RemoteVerifier
+
+    try:
+        _check_serving_args(args, None)
+        prompts = load_prompts(args)
+        verifier = RemoteVerifier(args.server)
+        tokenizer = verifier_tokenizer(verifier)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        raise SystemExit(f"specedge bench: {e}")
+    eos = list(verifier.info.eos_token_ids)
+    verifier.close()
+    encoded = [tokenizer.encode_prompt(p.text, chat=args.chat) for p in prompts]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def check(method, prompt, ids, want, got):
+        at = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+        raise SystemExit(f"specedge bench: {method} output differs from server-ar on {prompt.category}/{prompt.id} "
+                         f"at token {at}: speculative decoding must be lossless")
+
+    rows = serving_rows(args, prompts, encoded, eos, check)
+    write_results(args, rows, None)
+    plot_serving(rows, args.out)
     return 0
 
 

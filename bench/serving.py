@@ -6,11 +6,14 @@ trees of all sessions). Aggregate tokens/s is all tokens over the level's wall t
 emulated in the client (half before each request, half after the answer). Clients are threads of this
 process; the verifier is `specedge serve` in a child process, as deployed (sharing this process's GIL
 with sixteen clients would slow its engine thread), started afresh for every measurement so that no
-method finds another's prompts in the prefix cache.
+method finds another's prompts in the prefix cache. With `--server HOST:PORT` the clients go to a running
+verifier or router instead (a deployed cluster: the compose file's edge service); its prefix cache then
+carries over from method to method, and its KV figures are not read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -102,11 +105,19 @@ def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurre
     return sorted(results, key=lambda r: r.prompt), wall
 
 
-def serving_rows(args, prompts, encoded, hf, check) -> list[dict]:
+@dataclass
+class RunningVerifier:
+    """A verifier (or router) started elsewhere: `--server`."""
+
+    target: str
+
+    def metric(self, name: str) -> float | None:
+        return None
+
+
+def serving_rows(args, prompts, encoded, eos: list[int], check) -> list[dict]:
     """Rows for every (method, concurrency, rtt) level; `check(method, prompt, ids, want, got)` raises on a
     greedy mismatch."""
-    from specedge.cloud.launch import VerifierProcess
-    from specedge.cloud.model_registry import eos_token_ids
     from specedge.edge.registry import make_drafter
     from specedge.edge.transport import RemoteVerifier
 
@@ -114,7 +125,6 @@ def serving_rows(args, prompts, encoded, hf, check) -> list[dict]:
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]
     drafters = [d for d in args.drafters.split(",") if d]
     methods = ["server-ar", *drafters]
-    eos = eos_token_ids(hf)
     rows = []
     serve_args = ["--model", args.model, "--kv-pool-mb", str(args.kv_pool_mb), "--max-batch-tokens",
                   str(args.max_batch_tokens), "--max-tree-tokens", str(max(args.max_tree, 1)),
@@ -126,7 +136,7 @@ def serving_rows(args, prompts, encoded, hf, check) -> list[dict]:
             per_method: dict[str, list[tuple[float, float, list[JobResult]]]] = {m: [] for m in methods}
             for rep in range(args.reps):
                 for method in methods:
-                    with VerifierProcess(*serve_args) as verifier:
+                    with _verifier(args, serve_args) as verifier:
                         warm = RemoteVerifier(verifier.target)
                         list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
                         warm.close()
@@ -135,8 +145,9 @@ def serving_rows(args, prompts, encoded, hf, check) -> list[dict]:
                             lambda: make_drafter(method, None, max_nodes=args.max_tree), args.max_tree)
                         peak = verifier.metric("specedge_kv_peak_bytes")
                     per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
+                    kv = "" if peak is None else f", KV peak {peak / 2**20:.1f} MiB"
                     print(f"[serving] concurrency {concurrency} rtt {rtt:g} ms rep {rep + 1} {method}: "
-                          f"{per_method[method][-1][0]:.1f} tokens/s, KV peak {peak / 2**20:.1f} MiB", flush=True)
+                          f"{per_method[method][-1][0]:.1f} tokens/s{kv}", flush=True)
             reference = {r.prompt: r.tokens for r in per_method["server-ar"][0][2]}
             for method in drafters:
                 for _, _, results in per_method[method]:
@@ -159,7 +170,15 @@ def serving_rows(args, prompts, encoded, hf, check) -> list[dict]:
                     if rounds else None,
                     "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
                     "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
-                    "kv_peak_bytes": int(max(peak for _, peak, _ in runs)),
+                    "kv_peak_bytes": None if runs[0][1] is None else int(max(peak for _, peak, _ in runs)),
                     "baseline": "server-ar", "reps": args.reps,
                 })
     return rows
+
+
+def _verifier(args, serve_args: list[str]):
+    if args.server:
+        return contextlib.nullcontext(RunningVerifier(args.server))
+    from specedge.cloud.launch import VerifierProcess
+
+    return VerifierProcess(*serve_args)

@@ -41,6 +41,9 @@ def add_parser(commands) -> None:
     b.add_argument("--concurrency", default="1",
                    help="concurrent edge clients, comma-separated (e.g. 1,4,16). Anything but 1, a round trip "
                    "or the server-ar baseline runs the gRPC mode: clients against a verifier on loopback")
+    b.add_argument("--server", default=None, metavar="HOST:PORT",
+                   help="measure against this running verifier or router (gRPC mode, no model loaded here) "
+                   "instead of starting a verifier per measurement")
     b.add_argument("--max-batch-tokens", type=int, default=ServerConfig.max_batch_tokens,
                    help="the verifier's per-step token budget (gRPC mode)")
     # Twice a verifier's default: sixteen clients with ~1,000-token prompts need ~300 MiB (BENCHMARKS.md).
