@@ -47,3 +47,17 @@ def shared_document_prompts(n: int) -> list[Prompt]:
             "Where do the events take place?", "Give the document a title.", "What happened first?",
             "What happened last?", "List three facts from the document.", "What is the main topic?"]
     return [Prompt(f"shared-{i}", "shared-doc", f"{document}\n\nTask {i + 1}: {asks[i % len(asks)]}") for i in range(n)]
+
+
+def document_conversations(documents: int, clients: int) -> list[tuple[str, list[str]]]:
+    """Per client, (a document, the questions it asks about it in turn): `documents` documents of ~1,400
+    tokens (two Spec-Bench articles each), client c on document c % documents. Later turns repeat the
+    whole conversation so far, so a verifier that saw the earlier turn holds most of the prompt."""
+    articles = [p.text.removeprefix("Summarize: ") for p in specbench.load(categories=["summarization"])]
+    if len(articles) < 2 * documents:
+        raise ValueError(f"{documents} documents need {2 * documents} articles; Spec-Bench has {len(articles)}")
+    docs = ["Document:\n" + "\n\n".join(articles[2 * d : 2 * d + 2]) for d in range(documents)]
+    asks = ["Summarize the document in one sentence.", "Who are the people in the document?",
+            "Where do the events take place?", "Give the document a title.", "What happened first?",
+            "What happened last?", "List three facts from the document.", "What is the main topic?"]
+    return [(docs[c % documents], [asks[(c + t) % len(asks)] for t in range(len(asks))]) for c in range(clients)]

@@ -23,6 +23,8 @@ class VerifierMetrics:
                                       buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5))
         self.accepted = Histogram("specedge_committed_tokens_per_verdict", "tokens committed per verdict",
                                   buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64), registry=r)
+        self.prompt_tokens = Counter("specedge_prompt_tokens", "prompt tokens of opened sessions, by whether their "
+                                     "KV came from the prefix cache", ["source"], registry=r)
         self.errors = Counter("specedge_rpc_errors", "RPCs ended with an error status", ["code"], registry=r)
         self.kv_blocks = Gauge("specedge_kv_blocks", "KV pool blocks by state", ["state"], registry=r)
         self.kv_peak_bytes = Gauge("specedge_kv_peak_bytes", "most KV bytes in use at once", registry=r)

@@ -114,11 +114,13 @@ class VerifierService:
             op = first.open
             prompt, params, tree = self._validate_open(op.prompt_ids, op.params, op.draft, op.tokenizer_fingerprint)
             client, claim = self._admit(op.client_id or context.peer(), len(prompt) + params.max_new_tokens)
-            seq, outcome = await self._open(prompt, params, tree)
+            seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, tree))
             produced = len(outcome.verdict.tokens)
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
             cached = outcome.cached_prompt_tokens
+            self.metrics.prompt_tokens.labels("cached").inc(cached)
+            self.metrics.prompt_tokens.labels("computed").inc(len(prompt) - cached)
             yield pb.SessionResponse(opened=pb.Opened(session_id=session_id, cached_prompt_tokens=cached,
                                                       verdict=self._verdict(outcome))).SerializeToString()
             while True:
@@ -132,7 +134,7 @@ class VerifierService:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
                 tree = self._tree(req.draft)
-                outcome = await self._await(self.scheduler.verify(seq, tree))
+                outcome = await self._unless_moved(self.scheduler.verify(seq, tree))
                 produced += len(outcome.verdict.tokens)
                 yield pb.SessionResponse(verdict=self._verdict(outcome)).SerializeToString()
         except _Abort as e:
@@ -288,6 +290,30 @@ class VerifierService:
         # If the client leaves while its prompt waits, the scheduler sees the request cancelled and frees
         # the sequence it would have opened.
         return await self._await(self.scheduler.open(prompt, params, tree))
+
+    async def _unless_moved(self, future):
+        """The scheduler's answer, unless a drain moves the session first: then its work is dropped (nothing
+        it would commit has reached the client, which replays from what it has) and the stream ends."""
+        answer = asyncio.ensure_future(self._await(future))
+        answer.add_done_callback(_retrieved)
+        migrate = asyncio.ensure_future(self.migrating.wait())
+        try:
+            done, _ = await asyncio.wait({answer, migrate}, return_when=asyncio.FIRST_COMPLETED)
+            if answer in done:
+                return answer.result()
+            raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining: reopen the session elsewhere",
+                         ((wire.MIGRATE, "1"),))
+        finally:  # moved, or the client went away: drop the work
+            migrate.cancel()
+            if not answer.done():
+                answer.cancel()
+                if not future.cancel():  # answered (or being answered) just now
+                    future.add_done_callback(self._close_unseen)
+
+    def _close_unseen(self, future) -> None:
+        """Close the sequence of an open whose answer its handler no longer waits for."""
+        if not future.cancelled() and future.exception() is None and isinstance(future.result(), tuple):
+            self.scheduler.close(future.result()[0])
 
     async def _await(self, future):
         try:

@@ -493,3 +493,29 @@ def test_watch_cache_reports_the_prompt_blocks_the_verifier_holds_and_its_load()
         drain(v)
         assert next(watch).load.draining
         watch.cancel()
+
+
+def test_a_drain_moves_a_session_whose_prefill_still_waits_at_once():
+    """Engine steps never run here (scheduler_thread=False and nobody runs it): the open waits in the queue,
+    and the drain ends it anyway; a drain does not wait for queued work to be done."""
+    hf = tiny_llama(vocab_size=V)
+    with EmbeddedVerifier(ServerConfig(model="tiny", port=0, kv_pool_mb=8), (hf, None), scheduler_thread=False) as v:
+        errors = []
+
+        def open_session() -> None:
+            try:
+                RemoteVerifier(v.target).open(PROMPT, GREEDY).step(DraftTree.empty())
+            except grpc.RpcError as e:
+                errors.append(e)
+
+        opener = threading.Thread(target=open_session)
+        opener.start()
+        deadline = time.monotonic() + 10
+        while v.service.scheduler.waiting_requests < 1:
+            assert time.monotonic() < deadline, "the open never reached the scheduler"
+            time.sleep(0.01)
+        assert drain(v) == 1
+        opener.join(timeout=10)
+        assert not opener.is_alive()
+        assert errors[0].code() == grpc.StatusCode.UNAVAILABLE
+        assert ("specedge-migrate", "1") in tuple(errors[0].trailing_metadata())
