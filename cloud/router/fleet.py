@@ -103,6 +103,7 @@ class Fleet:
         placement = place(candidates, self.config.policy, self.config.balance_threshold, self._turn)
         self._turn += 1
         member = self.members[placement.address]
+        self.index.expect(member.address, prompt_ids)
         member.placed += 1
         member.placed_since_report += 1
         return member, placement
