@@ -1,6 +1,7 @@
 """The layering the design promises: `common/` holds only what both sides use and needs no torch; the edge
 uses `common/` and never the verifier (`cloud/`), torch or transformers, so a phone-sized client can
-install it alone (test_edge_install.py installs it in a bare venv)."""
+install it alone (test_edge_install.py installs it in a bare venv). The router and the network proxy run
+without the model's stack either: they need no torch, transformers or engine."""
 
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ def offending(imports: dict[str, set[str]], banned: tuple[str, ...]) -> list[str
 @pytest.mark.parametrize("package, banned", [
     ("common", ("specedge.cloud", "specedge.edge", "specedge.cli", "specedge.bench", *HEAVY)),
     ("edge", ("specedge.cloud", "specedge.cli", "specedge.bench", *HEAVY)),
+    ("cloud/router", ("specedge.edge", "specedge.cli", "specedge.bench", "specedge.cloud.engine",
+                      "specedge.cloud.kv_pool", "specedge.cloud.service", "specedge.cloud.server",
+                      *HEAVY[:-2])),
+    ("netem", ("specedge.cloud", "specedge.edge", "specedge.cli", "specedge.bench", *HEAVY)),
 ])
 def test_no_module_reaches_across_the_layers(package, banned):
     assert offending(imports_of(package), banned) == []
@@ -48,3 +53,9 @@ def test_the_client_sdk_loads_without_torch_transformers_or_the_verifier():
             % (HEAVY,))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_router_loads_without_torch():
+    code = "import sys, specedge.cloud.router.server; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
