@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import threading
 import time
@@ -38,10 +39,11 @@ COMPUTED = 'specedge_prompt_tokens_total{source="computed"}'
 
 class Cluster:
     def __init__(self, verifiers: int, kv_pool_mb: int, policy: str = "affinity") -> None:
+        threads = max(1, (os.cpu_count() or 1) // verifiers)  # each verifier its share of the cores
         self.router = ServiceProcess("router", "--policy", policy)
         with ThreadPoolExecutor(verifiers) as pool:
             self.verifiers = list(pool.map(lambda _: VerifierProcess(
-                "--kv-pool-mb", str(kv_pool_mb), "--register", self.router.target,
+                "--kv-pool-mb", str(kv_pool_mb), "--register", self.router.target, "--threads", str(threads),
                 "--max-sessions-per-client", "1024"), range(verifiers)))
         deadline = time.monotonic() + 60
         while self.router.metric('specedge_router_verifiers{state="in_pool"}') < verifiers:

@@ -37,6 +37,8 @@ class ServerConfig:
     admission_timeout_s: float = _setting(30.0, "refuse a prompt waiting for KV blocks once no session has "
                                           "given blocks back for this long")
     grace_s: float = _setting(30.0, "on SIGTERM, let open sessions finish (or move, with --register) this long")
+    threads: int = _setting(0, "CPU threads of the engine (0 = torch's default, one per core); give each of several "
+                            "verifiers on one machine its share, or their thread pools fight over the cores")
     register: str | None = _setting(None, "router (host:port) to join with a lease renewed by heartbeat; SIGTERM "
                                     "then moves live sessions to other verifiers instead of waiting for them")
     advertise: str | None = _setting(None, "host:port the router reaches this verifier at (default: "

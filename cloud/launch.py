@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 import grpc
+import torch
 
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
@@ -32,6 +33,8 @@ T = TypeVar("T")
 def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedModel:
     """The model of `config` (or the given transformers model and tokenizer) ready to serve. A tokenizer of
     None serves token ids only (tests with tiny random models)."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
     hf, tokenizer = hf_and_tokenizer or load_model(config.model)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20)
     if tokenizer is None:
