@@ -42,6 +42,16 @@ def cluster():
                 v.stop(grace_s=5)
 
 
+def whole(cluster) -> tuple[ServiceProcess, list[VerifierProcess]]:
+    """The module's cluster with every verifier (re)started and in the router's pool."""
+    router, fleet = cluster
+    for v in fleet:
+        if not v.alive:
+            v.start()
+    await_fleet(router, len(fleet))
+    return router, fleet
+
+
 def await_fleet(router: ServiceProcess, n: int) -> None:
     deadline = time.monotonic() + 30
     while router.metric('specedge_router_verifiers{state="in_pool"}') < n:
@@ -51,11 +61,7 @@ def await_fleet(router: ServiceProcess, n: int) -> None:
 
 @pytest.mark.parametrize("settings", [GREEDY, SEEDED], ids=["greedy", "seeded"])
 def test_two_verifier_kills_and_a_router_restart_change_no_output(cluster, settings):
-    router, fleet = cluster
-    for v in fleet:
-        if not v.alive:
-            v.start()
-    await_fleet(router, 3)
+    router, fleet = whole(cluster)
     client = EdgeClient(router.target, drafter="retrieval")
     want = client.generate(PROMPT, chat=True, **settings)
     assert want.resumes == 0
@@ -102,11 +108,7 @@ def test_a_client_given_two_routers_survives_losing_one():
 
 
 def test_sigterm_on_a_registered_verifier_moves_its_live_session(cluster):
-    router, fleet = cluster
-    for v in fleet:
-        if not v.alive:
-            v.start()
-    await_fleet(router, 3)
+    router, fleet = whole(cluster)
     client = EdgeClient(router.target, drafter="retrieval")
     want = client.generate(PROMPT, chat=True, **GREEDY)
     moved = []

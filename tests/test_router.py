@@ -155,3 +155,14 @@ def test_a_session_moves_through_the_router_with_its_output_unchanged(fault, par
         assert got.token_ids == want
         assert session.resumes == 1
         assert time.monotonic() - started < 10
+
+
+def test_a_client_that_goes_away_mid_session_frees_the_verifier_behind_the_router():
+    with tiny_verifier() as a, router_for(a) as router:
+        client = RemoteVerifier(router.target)
+        session = client.open(PROMPT, SamplingParams(max_new_tokens=100))
+        session.step(DraftTree.empty())
+        assert a.used_blocks(want=1, wait_s=0) > 0
+        client.channel.close()  # the client vanishes without closing its session
+        assert a.used_blocks() == 0
+        wait_for(lambda: router.call(lambda: router.fleet.members[a.target].relayed) == 0, "the relay to end")

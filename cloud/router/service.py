@@ -11,6 +11,7 @@ through the router (which places it elsewhere) with the prompt plus its committe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import grpc
@@ -65,15 +66,11 @@ class RouterService:
             first)
         pump = asyncio.create_task(_pump(requests, call))
         try:
-            yield reply
-            while (raw := await call.read()) is not grpc.aio.EOF:
-                yield raw
-        except grpc.aio.AioRpcError as e:
-            await self._end_like_upstream(context, member, e)
+            async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
+                async for raw in replies:
+                    yield raw
         finally:
             pump.cancel()
-            call.cancel()
-            member.relayed -= 1
 
     async def Generate(self, raw: bytes, context):
         request = _parse(pb.GenerateRequest, raw)
@@ -82,10 +79,17 @@ class RouterService:
         call, member, reply = await self._open(
             context, list(request.prompt_ids),
             lambda m: m.channel.unary_stream(VERIFIER_METHOD + "Generate")(raw, metadata=self.fleet.metadata))
+        async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
+            async for piece in replies:
+                yield piece
+
+    async def _relay(self, context, call, member: Member, reply: bytes):
+        """The verifier's replies, from its first, ended as the verifier ended them. Close it (aclosing) so
+        that the upstream call ends with the client's, not when the generator is collected."""
         try:
             yield reply
-            while (piece := await call.read()) is not grpc.aio.EOF:
-                yield piece
+            while (raw := await call.read()) is not grpc.aio.EOF:
+                yield raw
         except grpc.aio.AioRpcError as e:
             await self._end_like_upstream(context, member, e)
         finally:
