@@ -66,7 +66,8 @@ def test_a_round_trip_takes_twice_the_one_way_delay():
 def test_jitter_spreads_round_trips_within_its_bounds():
     times, _ = asyncio.run(through_proxy(NetworkConditions(delay_ms=30, jitter_ms=20, seed=1),
                                          lambda r, w: ping_times(r, w, 30)))
-    assert min(times) >= 0.020 and max(times) <= 0.100 + SLACK_S
+    assert min(times) >= 0.020  # the delay never goes below its bound (a busy machine only adds)
+    assert statistics.quantiles(times, n=10)[-1] <= 0.100 + SLACK_S  # the 90th percentile: robust to a hiccup
     assert max(times) - min(times) > 0.015  # really jittered
 
 
