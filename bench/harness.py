@@ -119,7 +119,15 @@ def run_bench(args: argparse.Namespace) -> int:
     def fail(msg: str) -> SystemExit:
         return SystemExit(f"specedge bench: {msg}")
 
-    serving = args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or "server-ar" in args.baselines.split(",")
+    serving = (args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or "server-ar" in args.baselines.split(",")
+               or bool(args.netem))
+    if args.netem:
+        from specedge.netem.proxy import parse_conditions
+
+        try:
+            parse_conditions(args.netem)  # a bad spec fails before anything starts
+        except ValueError as e:
+            raise SystemExit(f"specedge bench: {e}")
     if args.server:
         return _run_against_server(args)
     try:

@@ -8,7 +8,9 @@ process; the verifier is `specedge serve` in a child process, as deployed (shari
 with sixteen clients would slow its engine thread), started afresh for every measurement so that no
 method finds another's prompts in the prefix cache. With `--server HOST:PORT` the clients go to a running
 verifier or router instead (a deployed cluster: the compose file's edge service); its prefix cache then
-carries over from method to method, and its KV figures are not read.
+carries over from method to method, and its KV figures are not read. With `--netem delay_ms=...` the
+clients reach the verifier through the network-emulating proxy (netem/proxy.py) instead of emulating the
+round trip themselves.
 """
 
 from __future__ import annotations
@@ -176,9 +178,31 @@ def serving_rows(args, prompts, encoded, eos: list[int], check) -> list[dict]:
     return rows
 
 
+@contextlib.contextmanager
 def _verifier(args, serve_args: list[str]):
+    """The verifier to measure against; behind an emulated network (`--netem`) when asked."""
     if args.server:
-        return contextlib.nullcontext(RunningVerifier(args.server))
-    from specedge.cloud.launch import VerifierProcess
+        verifier = contextlib.nullcontext(RunningVerifier(args.server))
+    else:
+        from specedge.cloud.launch import VerifierProcess
 
-    return VerifierProcess(*serve_args)
+        verifier = VerifierProcess(*serve_args)
+    with verifier as v:
+        if not args.netem:
+            yield v
+            return
+        from specedge.netem.proxy import EmbeddedProxy, parse_conditions
+
+        with EmbeddedProxy(v.target, parse_conditions(args.netem)) as link:
+            yield _Behind(v, link.target)
+
+
+@dataclass
+class _Behind:
+    """A verifier reached through a proxy: the proxy's address, the verifier's metrics."""
+
+    verifier: object
+    target: str
+
+    def metric(self, name: str):
+        return self.verifier.metric(name)

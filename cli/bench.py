@@ -44,6 +44,9 @@ def add_parser(commands) -> None:
     b.add_argument("--server", default=None, metavar="HOST:PORT",
                    help="measure against this running verifier or router (gRPC mode, no model loaded here) "
                    "instead of starting a verifier per measurement")
+    b.add_argument("--netem", default=None, metavar="delay_ms=20,jitter_ms=5,...",
+                   help="gRPC mode: reach the verifier through the network-emulating proxy with these conditions "
+                   "(fields of `specedge proxy`: delay_ms, jitter_ms, bandwidth_mbps, reset_probability, ...)")
     b.add_argument("--max-batch-tokens", type=int, default=ServerConfig.max_batch_tokens,
                    help="the verifier's per-step token budget (gRPC mode)")
     # Twice a verifier's default: sixteen clients with ~1,000-token prompts need ~300 MiB (BENCHMARKS.md).

@@ -14,6 +14,7 @@ import logging
 import random
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -158,6 +159,41 @@ def _reset(writer: asyncio.StreamWriter) -> None:
         except OSError:
             pass
     writer.transport.abort()
+
+
+def parse_conditions(spec: str) -> NetworkConditions:
+    """NetworkConditions from "delay_ms=20,jitter_ms=5,bandwidth_mbps=50" (the fields' names)."""
+    fields = {f for f in NetworkConditions.__dataclass_fields__}
+    values = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, value = item.partition("=")
+        if name not in fields or not value:
+            raise ValueError(f"bad network condition {item!r}; use name=value with names from {sorted(fields)}")
+        values[name] = int(value) if name in ("reset_after_bytes", "seed") else float(value)
+    return NetworkConditions(**values)
+
+
+class EmbeddedProxy:
+    """A NetworkProxy on loopback, run on a background thread of this process (tests, `specedge bench`)."""
+
+    def __init__(self, upstream: str, conditions: NetworkConditions) -> None:
+        self.proxy = NetworkProxy(upstream, conditions)
+        self._loop = asyncio.new_event_loop()
+        port = self._loop.run_until_complete(self.proxy.start())
+        self.target = f"127.0.0.1:{port}"
+        self._thread = threading.Thread(target=self._loop.run_forever, name="network-proxy", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.proxy.stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> EmbeddedProxy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def run_proxy(listen: str, upstream: str, conditions: NetworkConditions) -> None:

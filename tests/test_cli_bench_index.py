@@ -112,3 +112,17 @@ def test_bench_grpc_mode_measures_concurrency_against_server_side_decoding(tmp_p
     three = next(r for r in rows if r["method"] == "server-ar" and r["concurrency"] == 3)
     assert three["kv_peak_bytes"] < 2 * one["kv_peak_bytes"]  # the shared document is stored once
     assert (out / "throughput.png").stat().st_size > 1000
+
+
+def test_bench_reaches_the_verifier_through_the_network_proxy_when_asked(tmp_path):
+    out = tmp_path / "netem"
+    assert main(["bench", "--workload", "shared-doc:2", "--concurrency", "2", "--max-new-tokens", "8", "--reps", "1",
+                 "--baselines", "server-ar", "--netem", "delay_ms=15,jitter_ms=5", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["netem"] == "delay_ms=15,jitter_ms=5"
+    assert {r["method"] for r in results["rows"]} == {"server-ar", "retrieval"}
+
+
+def test_bench_refuses_bad_network_conditions_before_starting_anything():
+    with pytest.raises(SystemExit, match="bad network condition"):
+        main(["bench", "--workload", "shared-doc:2", "--baselines", "server-ar", "--netem", "latency=5"])

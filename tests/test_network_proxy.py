@@ -17,7 +17,7 @@ from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
 from specedge.edge.resume import ResumableSession
 from specedge.edge.transport import RemoteVerifier
-from specedge.netem.proxy import NetworkConditions, NetworkProxy
+from specedge.netem.proxy import EmbeddedProxy, NetworkConditions, NetworkProxy, parse_conditions
 
 SLACK_S = 0.03  # what a loaded 2-core machine may add to a timed round trip
 
@@ -129,18 +129,16 @@ def test_a_generation_through_a_link_that_resets_comes_out_unchanged():
     params = SamplingParams(temperature=1.0, seed=9, max_new_tokens=40)
     with tiny_verifier() as v:
         want = solo_output(v, params=params)
-        loop = asyncio.new_event_loop()
-        proxy = NetworkProxy(v.target, NetworkConditions(delay_ms=2, reset_probability=0.08, seed=4))
-        port = loop.run_until_complete(proxy.start())
-        import threading
-
-        threading.Thread(target=loop.run_forever, daemon=True).start()
-        try:
-            session = ResumableSession(lambda: RemoteVerifier(f"127.0.0.1:{port}"), PROMPT, params, "c", "",
+        with EmbeddedProxy(v.target, NetworkConditions(delay_ms=2, reset_probability=0.08, seed=4)) as link:
+            session = ResumableSession(lambda: RemoteVerifier(link.target), PROMPT, params, "c", "",
                                        retries=20, backoff_s=0.01)
             got = generate(session, drafter=FunctionDrafter(lambda c: DraftTree.chain([(c[-1] + 1) % V])))
-        finally:
-            asyncio.run_coroutine_threadsafe(proxy.stop(), loop).result(timeout=10)
-            loop.call_soon_threadsafe(loop.stop)
         assert got.token_ids == want
-        assert proxy.resets >= 1 and session.resumes >= 1
+        assert link.proxy.resets >= 1 and session.resumes >= 1
+
+
+def test_conditions_parse_from_a_flag_value():
+    assert parse_conditions("delay_ms=20, jitter_ms=5,bandwidth_mbps=50,seed=3") == NetworkConditions(
+        delay_ms=20, jitter_ms=5, bandwidth_mbps=50, seed=3)
+    with pytest.raises(ValueError, match="bad network condition"):
+        parse_conditions("latency=20")
