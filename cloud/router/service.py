@@ -113,11 +113,13 @@ class RouterService:
             try:
                 if first is not None:
                     await call.write(first)
-                reply = await call.read()
+                reply, error = await call.read(), None
             except grpc.aio.AioRpcError as e:
                 reply, error = None, e
-            else:
-                error = None
+            except BaseException:  # the client went away while the verifier prefilled
+                member.relayed -= 1
+                call.cancel()
+                raise
             if reply is not grpc.aio.EOF and error is None:
                 return call, member, reply
             member.relayed -= 1
