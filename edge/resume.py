@@ -25,6 +25,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.transport import RemoteSession, RemoteVerifier
 
+MAX_BACKOFF_S = 2.0  # with 10 retries from 0.2 s: ~15 s to ride out a restarting router or verifier
 MAX_MOVES_WITHOUT_BACKOFF = 3  # in a row; then (every verifier draining?) moves back off like other retries
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
              grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
@@ -32,7 +33,7 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusC
 
 class ResumableSession:
     def __init__(self, connect: Callable[[], RemoteVerifier], prompt_ids: list[int], params: SamplingParams,
-                 client_id: str, fingerprint: str, retries: int = 5, backoff_s: float = 0.2,
+                 client_id: str, fingerprint: str, retries: int = 10, backoff_s: float = 0.2,
                  busy_wait_s: float = 300.0) -> None:
         """`connect()` returns a verifier to (re)open the session on: the same or the next one."""
         self.connect, self.client_id, self.fingerprint = connect, client_id, fingerprint
@@ -75,7 +76,7 @@ class ResumableSession:
                 elif e.code() not in RETRYABLE or attempt >= self.retries:
                     raise
                 else:
-                    time.sleep(self.backoff_s * 2**attempt)
+                    time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2**attempt))
                     attempt += 1
 
     def _open(self) -> RemoteSession:

@@ -52,6 +52,15 @@ def whole(cluster) -> tuple[ServiceProcess, list[VerifierProcess]]:
     return router, fleet
 
 
+def idle(fleet: list[VerifierProcess]) -> None:
+    """Wait until no verifier holds a session (a finished one is released a moment after its last reply), so
+    that `holder` finds the session of the generation that follows."""
+    deadline = time.monotonic() + 30
+    while any(v.alive and v.metric("specedge_sessions_active") > 0 for v in fleet):
+        assert time.monotonic() < deadline, "a finished session was never released"
+        time.sleep(0.05)
+
+
 def await_fleet(router: ServiceProcess, n: int) -> None:
     deadline = time.monotonic() + 30
     while router.metric('specedge_router_verifiers{state="in_pool"}') < n:
@@ -65,6 +74,7 @@ def test_two_verifier_kills_and_a_router_restart_change_no_output(cluster, setti
     client = EdgeClient(router.target, drafter="retrieval")
     want = client.generate(PROMPT, chat=True, **settings)
     assert want.resumes == 0
+    idle(fleet)
 
     produced, faults = [0], []
 
@@ -111,6 +121,7 @@ def test_sigterm_on_a_registered_verifier_moves_its_live_session(cluster):
     router, fleet = whole(cluster)
     client = EdgeClient(router.target, drafter="retrieval")
     want = client.generate(PROMPT, chat=True, **GREEDY)
+    idle(fleet)
     moved = []
 
     def terminate_the_holder(tokens: list[int]) -> None:
