@@ -41,5 +41,5 @@ class ServerConfig:
                             "verifiers on one machine its share, or their thread pools fight over the cores")
     register: str | None = _setting(None, "router (host:port) to join with a lease renewed by heartbeat; SIGTERM "
                                     "then moves live sessions to other verifiers instead of waiting for them")
-    advertise: str | None = _setting(None, "host:port the router reaches this verifier at (default: "
-                                     "--host:the bound port)")
+    advertise: str | None = _setting(None, "host:port (or host: then the bound port) the router reaches this "
+                                     "verifier at (default: --host and the bound port)")

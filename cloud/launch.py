@@ -90,7 +90,7 @@ class EmbeddedVerifier:
     def __init__(self, config: ServerConfig, hf_and_tokenizer=None, scheduler_thread: bool = True) -> None:
         """With `scheduler_thread=False` engine steps run only inside `run_engine_while`, on its caller's
         thread (faster when that thread loaded the model; see VerifyScheduler)."""
-        config = replace(config, host="127.0.0.1", port=config.port or 0)
+        config = replace(config, port=config.port or 0)
         model = load_served_model(config, hf_and_tokenizer)
         self.engine = model.engine
         self._loop = asyncio.new_event_loop()

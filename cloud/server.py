@@ -53,6 +53,14 @@ class RunningServer:
             self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
+def advertised_address(config: ServerConfig, port: int) -> str:
+    """host:port a router reaches this verifier at: --advertise (its port is the bound one when it names a host
+    only), else the listening host."""
+    if config.advertise:
+        return config.advertise if ":" in config.advertise else f"{config.advertise}:{port}"
+    return f"{config.host}:{port}"
+
+
 async def start_server(model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
     """Serve `model`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
     service = VerifierService(model, config, scheduler_thread)
@@ -95,6 +103,6 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
     running = RunningServer(server, service, health_servicer, port)
     if config.register:
         metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else ()
-        running.registration = Registration(config.register, config.advertise or f"{config.host}:{port}", metadata)
+        running.registration = Registration(config.register, advertised_address(config, port), metadata)
     service.on_drain.append(running.not_serving)
     return running

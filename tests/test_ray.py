@@ -1,0 +1,87 @@
+"""Verifier replicas as Ray actors (cloud/ray/) on a local Ray instance, with the real default model: each
+replica is a normal gRPC verifier that registers with the router; two serve concurrent clients, and scaling
+2 -> 3 -> 1 while they generate (the removed replicas drain: their sessions move) loses no session and
+changes no output."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from specedge.cloud.config import ServerConfig
+from specedge.cloud.router.config import RouterConfig
+from specedge.cloud.router.server import EmbeddedRouter
+from specedge.edge.client import EdgeClient
+
+pytestmark = pytest.mark.real_model
+PROMPTS = ["Explain how a lighthouse works.", "Write a haiku about winter.", "List three uses of copper.",
+           "Describe a busy market in the morning."]
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, namespace="specedge-test", logging_level=logging.WARNING)
+    yield ray
+    ray.shutdown()
+
+
+def in_pool(router: EmbeddedRouter) -> int:
+    return len(router.call(router.fleet.pool))
+
+
+def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout_s:.0f} s for {what}"
+        time.sleep(0.1)
+
+
+def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_instance):
+    from specedge.cloud.ray.controller import start_controller
+
+    ray = ray_instance
+    with EmbeddedRouter(RouterConfig(port=0, policy="least-loaded")) as router:  # the sessions spread out
+        config = ServerConfig(port=0, kv_pool_mb=128, threads=1, register=router.target)
+        controller = start_controller(config, num_cpus=1, num_gpus=0, autoscaler=None)
+        assert len(ray.get(controller.scale.remote(2))) == 2
+        wait_for(lambda: in_pool(router) == 2, "two replicas in the router's pool")
+        client = EdgeClient(router.target, drafter="retrieval")
+        want = [client.generate(p, chat=True, max_new_tokens=96).token_ids for p in PROMPTS]
+
+        outputs: list[tuple[int, list[int]]] = []
+        moves, errors = [], []
+        running = threading.Event()
+        started = threading.Semaphore(0)
+        running.set()
+
+        def keep_generating(i: int) -> None:  # until told to stop: scaling happens under load
+            try:
+                while running.is_set():
+                    result = client.generate(PROMPTS[i], chat=True, max_new_tokens=96,
+                                             on_tokens=lambda tokens: started.release())
+                    outputs.append((i, result.token_ids))
+                    moves.append(result.resumes)
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=keep_generating, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        started.acquire(timeout=120)
+        assert len(ray.get(controller.scale.remote(3))) == 3  # while they generate
+        wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
+        assert len(ray.get(controller.scale.remote(1))) == 1  # two drain: their live sessions move
+        running.clear()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors, errors[0]
+        assert outputs and all(tokens == want[i] for i, tokens in outputs)
+        assert sum(moves) >= 1  # sessions really moved off the drained replicas
+        assert len(ray.get(controller.status.remote())) == 1
+        wait_for(lambda: in_pool(router) == 1, "the drained replicas to leave the pool")
+        ray.get(controller.shutdown.remote())
+        client.close()
