@@ -1,7 +1,8 @@
 """The cluster as it is deployed, in real processes on 127.0.0.1 with the real default model: `specedge
 router` and `specedge serve --register` verifiers. Verifiers SIGKILLed twice and the router restarted in
 the middle of generations change neither greedy nor seeded-sampling output; a client given two routers
-survives losing one; SIGTERM on a registered verifier moves its live session with no client error."""
+survives losing one; SIGTERM on a registered verifier moves its live session with no client error; the
+router places by the caches the verifier processes report."""
 
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 
 from specedge.cloud.launch import ServiceProcess, VerifierProcess
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
 from specedge.edge.client import EdgeClient
+from specedge.edge.generation import generate
+from specedge.edge.transport import RemoteVerifier
+from specedge.protos import router_pb2 as rpb
 
 pytestmark = pytest.mark.real_model
 PROMPT = ("Write a short story about a lighthouse keeper who finds a message in a bottle. Describe the storm, "
@@ -135,3 +142,65 @@ def test_sigterm_on_a_registered_verifier_moves_its_live_session(cluster):
     moved[0].stop()
     assert not moved[0].alive
     assert '"event": "drain"' in moved[0].output()
+
+
+def sessions_opened(v: VerifierProcess) -> float:
+    return v.metric('specedge_sessions_total{rpc="Session"}') if v.alive else 0.0
+
+
+def ask(target: str, prompt: list[int]) -> None:
+    generate(RemoteVerifier(target).open(prompt, SamplingParams(max_new_tokens=4)))
+
+
+def went_to(fleet: list[VerifierProcess], target: str, prompt: list[int]) -> list[VerifierProcess]:
+    """The verifiers that opened a session for `prompt` sent to `target`."""
+    before = [sessions_opened(v) for v in fleet]
+    ask(target, prompt)
+    return [v for v, n in zip(fleet, before) if sessions_opened(v) > n]
+
+
+def explain(router: ServiceProcess, prompt: list[int]) -> rpb.Explanation:
+    with grpc.insecure_channel(router.target) as channel:
+        return channel.unary_unary("/specedge.v1.Router/Explain", request_serializer=rpb.ExplainRequest.SerializeToString,
+                                   response_deserializer=rpb.Explanation.FromString)(
+            rpb.ExplainRequest(prompt_ids=prompt), timeout=10)
+
+
+def router_sees(router: ServiceProcess, prompt: list[int], condition, what: str) -> None:
+    """Wait until the router's view of `prompt` (its Explain dry run) satisfies `condition`: the verifiers'
+    reports reach it within a few hundred ms."""
+    deadline = time.monotonic() + 30
+    while not condition({c.address: c for c in explain(router, prompt).candidates}):
+        assert time.monotonic() < deadline, f"the router never saw {what}"
+        time.sleep(0.05)
+
+
+def test_affinity_across_processes_follows_the_reported_caches(cluster):
+    """Verifier processes report their caches to the router process: the same document goes to the verifier
+    that holds it; once it is evicted there and held elsewhere, it goes there; a saturated holder loses it
+    while another holder keeps its own document's sessions."""
+    router, fleet = whole(cluster)
+    idle(fleet)
+    doc_a = [(37 * i) % 30000 + 1000 for i in range(320)]  # 20 blocks
+    doc_b = [(53 * i) % 30000 + 2000 for i in range(320)]
+    (x,) = went_to(fleet, router.target, doc_a + [5, 6])
+    assert went_to(fleet, router.target, doc_a + [7, 8]) == [x]
+
+    y = next(v for v in fleet if v is not x)
+    for filler in range(3):  # other long prompts straight to x push the document out of its 64 MiB pool
+        ask(x.target, [(71 * i + filler) % 30000 + 3000 for i in range(900)])
+    ask(y.target, doc_a + [9])  # and y takes it
+    router_sees(router, doc_a + [10, 11], lambda c: c[x.target].cached_tokens == 0 and c[y.target].cached_tokens >= 304,
+                "the eviction on x and the document on y")
+    assert went_to(fleet, router.target, doc_a + [10, 11]) == [y]
+
+    ask(x.target, doc_b + [9])  # x holds document B ...
+    held = [RemoteVerifier(y.target).open([3, 4, 5, 6], SamplingParams(max_new_tokens=200)) for _ in range(6)]
+    for session in held:  # ... and y, holding A, is saturated (6 sessions, threshold 4)
+        session.step(DraftTree.empty())
+    router_sees(router, doc_b + [12, 13], lambda c: c[y.target].load >= 6 and c[x.target].cached_tokens >= 304,
+                "y's load and B on x")
+    assert went_to(fleet, router.target, doc_a + [12, 13]) != [y]  # A leaves its busy holder
+    assert went_to(fleet, router.target, doc_b + [12, 13]) == [x]  # B's affinity holds
+    for session in held:
+        session.close()

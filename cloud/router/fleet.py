@@ -63,7 +63,7 @@ class Fleet:
         self.members: dict[str, Member] = {}
         self.index = AffinityIndex()
         self.fingerprint: str | None = None  # of the first verifier's tokenizer: every member must share it
-        self._turn = 0
+        self.turn = 0  # placements so far (round-robin counts by it)
 
     def add(self, address: str, registered: bool = False) -> Member:
         member = self.members.get(address)
@@ -95,13 +95,16 @@ class Fleet:
     def pool(self) -> list[Member]:
         return [m for m in self.members.values() if m.in_pool]
 
-    def place(self, prompt_ids: list[int], exclude: set[str] = frozenset()) -> tuple[Member, Placement]:
-        """The member for a new session (NoVerifier if none is in the pool)."""
+    def candidates(self, prompt_ids: list[int], exclude: set[str] = frozenset()) -> list[Candidate]:
         members = [m for m in self.pool() if m.address not in exclude]
         cached = self.index.cached_tokens([m.address for m in members], prompt_ids)
-        candidates = [Candidate(m.address, m.load_score, cached[m.address], m.placed) for m in members]
-        placement = place(candidates, self.config.policy, self.config.balance_threshold, self._turn)
-        self._turn += 1
+        return [Candidate(m.address, m.load_score, cached[m.address], m.placed) for m in members]
+
+    def place(self, prompt_ids: list[int], exclude: set[str] = frozenset()) -> tuple[Member, Placement]:
+        """The member for a new session (NoVerifier if none is in the pool)."""
+        placement = place(self.candidates(prompt_ids, exclude), self.config.policy, self.config.balance_threshold,
+                          self.turn)
+        self.turn += 1
         member = self.members[placement.address]
         self.index.expect(member.address, prompt_ids)
         member.placed += 1

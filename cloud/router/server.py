@@ -53,7 +53,7 @@ async def start_router(config: RouterConfig) -> RunningRouter:
             "Session": both(service.Session), "Generate": stream(service.Generate)}),
         grpc.method_handlers_generic_handler("specedge.v1.Router", {
             "Register": unary(service.Register), "Drain": unary(service.Drain),
-            "ListVerifiers": unary(service.ListVerifiers)}),
+            "ListVerifiers": unary(service.ListVerifiers), "Explain": unary(service.Explain)}),
     ))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

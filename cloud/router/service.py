@@ -18,7 +18,7 @@ import grpc
 
 from specedge.cloud.router.fleet import Fleet, Member
 from specedge.cloud.router.metrics import RouterMetrics
-from specedge.cloud.router.placement import NoVerifier
+from specedge.cloud.router.placement import NoVerifier, place
 from specedge.common import wire
 from specedge.protos import router_pb2 as rpb
 from specedge.protos import verifier_pb2 as pb
@@ -61,9 +61,8 @@ class RouterService:
         if opening is None or opening.WhichOneof("kind") != "open":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be `open`")
         prompt = list(opening.open.prompt_ids)
-        call, member, reply = await self._open(
-            context, prompt, lambda m: m.channel.stream_stream(VERIFIER_METHOD + "Session")(metadata=self.fleet.metadata),
-            first)
+        session = lambda m: m.channel.stream_stream(VERIFIER_METHOD + "Session")(metadata=self.fleet.metadata)  # noqa: E731
+        call, member, reply = await self._open(context, prompt, session, first)
         pump = asyncio.create_task(_pump(requests, call))
         try:
             async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
@@ -181,6 +180,20 @@ class RouterService:
             await context.abort(e.code(), f"verifier {member.address}: {e.details()}")
         log.info('{"event": "drain", "address": "%s", "sessions": %d}', member.address, reply.sessions)
         return rpb.DrainVerifierReply(sessions=reply.sessions).SerializeToString()
+
+    async def Explain(self, raw: bytes, context) -> bytes:
+        request = _parse(rpb.ExplainRequest, raw)
+        if request is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable ExplainRequest")
+        fleet = self.fleet
+        candidates = fleet.candidates(list(request.prompt_ids))
+        try:
+            chosen = place(candidates, fleet.config.policy, fleet.config.balance_threshold, fleet.turn)
+        except NoVerifier as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        return rpb.Explanation(address=chosen.address, reason=chosen.reason, candidates=[
+            rpb.CandidateScore(address=c.address, load=c.load, cached_tokens=c.cached_tokens)
+            for c in candidates]).SerializeToString()
 
     async def ListVerifiers(self, raw: bytes, context) -> bytes:
         return rpb.VerifierList(verifiers=[
