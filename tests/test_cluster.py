@@ -161,9 +161,9 @@ def went_to(fleet: list[VerifierProcess], target: str, prompt: list[int]) -> lis
 
 def explain(router: ServiceProcess, prompt: list[int]) -> rpb.Explanation:
     with grpc.insecure_channel(router.target) as channel:
-        return channel.unary_unary("/specedge.v1.Router/Explain", request_serializer=rpb.ExplainRequest.SerializeToString,
-                                   response_deserializer=rpb.Explanation.FromString)(
-            rpb.ExplainRequest(prompt_ids=prompt), timeout=10)
+        call = channel.unary_unary("/specedge.v1.Router/Explain", request_serializer=rpb.ExplainRequest.SerializeToString,
+                                   response_deserializer=rpb.Explanation.FromString)
+        return call(rpb.ExplainRequest(prompt_ids=prompt), timeout=10)
 
 
 def router_sees(router: ServiceProcess, prompt: list[int], condition, what: str) -> None:

@@ -439,9 +439,10 @@ def drain(verifier: EmbeddedVerifier) -> int:
 
 
 @pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=40),
-                                    SamplingParams(temperature=1.0, seed=7, max_new_tokens=40)], ids=["greedy", "seeded"])
+                                    SamplingParams(temperature=1.0, seed=7, max_new_tokens=40)],
+                         ids=["greedy", "seeded"])
 def test_a_drained_verifier_moves_its_live_session_and_the_output_is_unchanged(params):
-    """Drain ends the session at its next round boundary; the client reopens it on the other verifier with
+    """Drain ends the session between rounds; the client reopens it on the other verifier with
     the prompt plus the committed tokens. Seeded sampling draws by position, so it too comes out the same."""
     with tiny_verifier() as a, tiny_verifier() as b:
         want = solo_output(b, params=params)

@@ -1,7 +1,7 @@
 """Verifier replicas as Ray actors (cloud/ray/) on a local Ray instance, with the real default model: each
 replica is a normal gRPC verifier that registers with the router; two serve concurrent clients, and scaling
 2 -> 3 -> 1 while they generate (the removed replicas drain: their sessions move) loses no session and
-changes no output."""
+changes no output; the controller autoscales on sessions per replica (clock injected)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import pytest
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.router.config import RouterConfig
 from specedge.cloud.router.server import EmbeddedRouter
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
 from specedge.edge.client import EdgeClient
+from specedge.edge.transport import RemoteVerifier
 
 pytestmark = pytest.mark.real_model
 PROMPTS = ["Explain how a lighthouse works.", "Write a haiku about winter.", "List three uses of copper.",
@@ -85,3 +88,30 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
         wait_for(lambda: in_pool(router) == 1, "the drained replicas to leave the pool")
         ray.get(controller.shutdown.remote())
         client.close()
+
+
+def test_the_controller_autoscales_on_sessions_per_replica_with_an_injected_clock(ray_instance):
+    from specedge.cloud.ray.autoscale import Autoscaler
+    from specedge.cloud.ray.controller import ReplicaController
+
+    ray = ray_instance
+    with EmbeddedRouter(RouterConfig(port=0)) as router:
+        config = ServerConfig(port=0, kv_pool_mb=64, threads=1, register=router.target)
+        scaler = Autoscaler(min_replicas=1, max_replicas=2, target_sessions=1, up_delay_s=5, down_delay_s=5)
+        controller = ray.remote(num_cpus=0)(ReplicaController).remote(config, 1, 0, scaler)
+        ray.get(controller.scale.remote(1))
+        wait_for(lambda: in_pool(router) == 1, "the first replica in the pool")
+        verifier = RemoteVerifier(router.target)
+        held = [verifier.open([3, 4, 5, 6], SamplingParams(max_new_tokens=200)) for _ in range(2)]
+        for session in held:  # two sessions: the rule wants two replicas
+            session.step(DraftTree.empty())
+        assert ray.get(controller.autoscale.remote(100.0)) == 1  # not for long enough yet
+        assert ray.get(controller.autoscale.remote(105.0)) == 2  # held 5 s: a replica is added
+        wait_for(lambda: in_pool(router) == 2, "the added replica in the pool")
+        for session in held:
+            session.close()
+        wait_for(lambda: sum(n for _, n in ray.get(controller.status.remote())) == 0, "the sessions to end")
+        assert ray.get(controller.autoscale.remote(106.0)) == 2
+        assert ray.get(controller.autoscale.remote(111.0)) == 1  # idle for 5 s: one drains and goes
+        wait_for(lambda: in_pool(router) == 1, "the removed replica to leave the pool")
+        ray.get(controller.shutdown.remote())
