@@ -161,7 +161,8 @@ def went_to(fleet: list[VerifierProcess], target: str, prompt: list[int]) -> lis
 
 def explain(router: ServiceProcess, prompt: list[int]) -> rpb.Explanation:
     with grpc.insecure_channel(router.target) as channel:
-        call = channel.unary_unary("/specedge.v1.Router/Explain", request_serializer=rpb.ExplainRequest.SerializeToString,
+        call = channel.unary_unary("/specedge.v1.Router/Explain",
+                                   request_serializer=rpb.ExplainRequest.SerializeToString,
                                    response_deserializer=rpb.Explanation.FromString)
         return call(rpb.ExplainRequest(prompt_ids=prompt), timeout=10)
 
