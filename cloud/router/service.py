@@ -198,7 +198,8 @@ class RouterService:
     async def ListVerifiers(self, raw: bytes, context) -> bytes:
         return rpb.VerifierList(verifiers=[
             rpb.VerifierStatus(address=m.address, healthy=m.healthy and m.watching,
-                               draining=m.draining or m.load.draining, registered=m.registered, active_sessions=m.load.active_sessions,
+                               draining=m.draining or m.load.draining, registered=m.registered,
+                               active_sessions=m.load.active_sessions,
                                waiting=m.load.waiting, kv_used=m.load.kv_used,
                                cached_blocks=self.fleet.index.blocks(m.address))
             for m in self.fleet.members.values()]).SerializeToString()
