@@ -64,7 +64,7 @@ class VerifierService:
         self.sessions_by_client: Counter[str] = Counter()
         self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
         self.draining = False  # no new sessions
-        self.migrating = asyncio.Event()  # live sessions leave at their next round boundary
+        self.migrating = asyncio.Event()  # live sessions leave now (a round in flight is dropped)
         self.on_drain: list = []  # called when draining starts (the server reports NOT_SERVING)
 
     # ---- RPCs -------------------------------------------------------------------------------------
@@ -219,30 +219,33 @@ class VerifierService:
         """The client's next message; a migration ends the wait (the client reopens elsewhere)."""
         read = asyncio.ensure_future(requests.__anext__())
         read.add_done_callback(_retrieved)  # also when the stream ends while nobody waits for it any more
-        migrate = asyncio.ensure_future(self.migrating.wait())
         try:
-            done, _ = await asyncio.wait({read, migrate}, timeout=self.config.idle_timeout_s,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            if not await self._unless_migrating(read, self.config.idle_timeout_s):
+                if self.migrating.is_set():
+                    raise _moved()
+                raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"session idle for {self.config.idle_timeout_s:.0f} s; its KV blocks were released")
         finally:
-            migrate.cancel()
             if not read.done():
                 read.cancel()
-        if read not in done:
-            if migrate in done:
-                raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining: reopen the session elsewhere",
-                             ((wire.MIGRATE, "1"),))
-            raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"session idle for {self.config.idle_timeout_s:.0f} s; its KV blocks were released")
         try:
             raw = read.result()
         except StopAsyncIteration:
             return None
         return _parse(pb.SessionRequest, raw)
 
+    async def _unless_migrating(self, work: asyncio.Future, timeout: float | None = None) -> bool:
+        """Wait for `work` until a drain starts (or `timeout` passes); whether it finished."""
+        migrate = asyncio.ensure_future(self.migrating.wait())
+        try:
+            done, _ = await asyncio.wait({work, migrate}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            migrate.cancel()
+        return work in done
+
     def _validate_open(self, prompt_ids, params_msg, draft_msg, fingerprint: str):
         if self.draining:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is shutting down; open the session elsewhere",
-                         ((wire.MIGRATE, "1"),))
+            raise _moved()
         if fingerprint and fingerprint != self.model.fingerprint:
             raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                          f"tokenizer fingerprint {fingerprint} differs from the verifier's {self.model.fingerprint}: "
@@ -296,15 +299,11 @@ class VerifierService:
         it would commit has reached the client, which replays from what it has) and the stream ends."""
         answer = asyncio.ensure_future(self._await(future))
         answer.add_done_callback(_retrieved)
-        migrate = asyncio.ensure_future(self.migrating.wait())
         try:
-            done, _ = await asyncio.wait({answer, migrate}, return_when=asyncio.FIRST_COMPLETED)
-            if answer in done:
-                return answer.result()
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining: reopen the session elsewhere",
-                         ((wire.MIGRATE, "1"),))
+            if not await self._unless_migrating(answer):
+                raise _moved()
+            return answer.result()
         finally:  # moved, or the client went away: drop the work
-            migrate.cancel()
             if not answer.done():
                 answer.cancel()
                 if not future.cancel():  # answered (or being answered) just now
@@ -332,6 +331,11 @@ class VerifierService:
                           compute_ms=o.compute_ms,
                           next_max_tree_tokens=min(self.config.max_tree_tokens, o.next_max_tree_tokens),
                           cost=wire.cost_to_pb(o.cost, o.active_sessions))
+
+
+def _moved() -> _Abort:
+    return _Abort(grpc.StatusCode.UNAVAILABLE, "the verifier is draining: reopen the session elsewhere",
+                  ((wire.MIGRATE, "1"),))
 
 
 def _retrieved(future: asyncio.Future) -> None:
