@@ -52,3 +52,16 @@ def test_no_candidate_and_an_unknown_policy_are_errors():
         place([])
     with pytest.raises(ValueError, match="unknown placement policy"):
         place([candidate("a")], "random")
+
+
+def test_a_verifier_load_counts_sessions_queue_and_kv_use_with_its_own_sessions_known_now():
+    from specedge.cloud.router.fleet import KV_WEIGHT, Member
+    from specedge.protos import verifier_pb2 as pb
+
+    member = Member("a", channel=None, load=pb.Load(active_sessions=3, waiting=2, kv_used=0.5))
+    assert member.load_score == 3 + 2 + 0.5 * KV_WEIGHT
+    member.relayed_at_report = member.relayed = 1  # one of the 3 was this router's when the report came
+    member.relayed = 3  # since then it placed two more; the others' two are known from the report only
+    assert member.load_score == 2 + 3 + 2 + 0.5 * KV_WEIGHT
+    member.relayed = 0  # and all of its own ended
+    assert member.load_score == 2 + 0 + 2 + 0.5 * KV_WEIGHT

@@ -26,6 +26,7 @@ log = logging.getLogger("specedge.router")
 
 VERIFIER = "specedge.v1.Verifier"
 RECONNECT_S = 0.25  # between attempts to reopen a verifier's WatchCache stream
+KV_WEIGHT = 4.0  # a full KV pool weighs as much as the default balance threshold: new prefills would wait
 
 
 @dataclass
@@ -39,9 +40,9 @@ class Member:
     draining: bool = False  # told to drain by this router
     refused: str | None = None  # why it cannot join (another model)
     load: pb.Load = field(default_factory=pb.Load)
-    placed_since_report: int = 0
     placed: int = 0
     relayed: int = 0  # sessions relayed to it now by this router
+    relayed_at_report: int = 0  # ... when its last load report came
     tasks: list[asyncio.Task] = field(default_factory=list)
 
     @property
@@ -50,10 +51,11 @@ class Member:
 
     @property
     def load_score(self) -> float:
-        # Its own report lags by up to a report interval: count what was placed since, and what this router
-        # relays to it now (other routers' sessions are in the report).
-        sessions = max(self.load.active_sessions + self.placed_since_report, self.relayed)
-        return sessions + self.load.waiting
+        """Sessions and queued requests, plus KV_WEIGHT for a KV pool full of sessions' blocks."""
+        # This router's own sessions it knows now; others' (other routers', direct clients') only from the
+        # last report, which lags by up to a report interval.
+        others = max(0, self.load.active_sessions - self.relayed_at_report)
+        return others + self.relayed + self.load.waiting + KV_WEIGHT * self.load.kv_used
 
 
 class Fleet:
@@ -108,7 +110,6 @@ class Fleet:
         member = self.members[placement.address]
         self.index.expect(member.address, prompt_ids)
         member.placed += 1
-        member.placed_since_report += 1
         return member, placement
 
     def suspect(self, member: Member) -> None:
@@ -156,8 +157,7 @@ class Fleet:
                         member.watching = True
                     else:
                         self.index.update(member.address, update.stored, update.removed)
-                    member.load = update.load
-                    member.placed_since_report = 0
+                    member.load, member.relayed_at_report = update.load, member.relayed
             except grpc.aio.AioRpcError:
                 pass
             member.watching = False
