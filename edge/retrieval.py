@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.acceptance_model import AcceptanceModel
@@ -36,7 +37,7 @@ class RetrievalDrafter:
         self._prompt_len = 0
         self._cells = np.zeros(0, dtype=np.int64)  # model cells of the last draft's nodes
 
-    def begin(self, prompt_ids: list[int]) -> None:
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.index = ContextIndex(prompt_ids)
         self._prompt_len = len(prompt_ids)
 

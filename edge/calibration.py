@@ -1,0 +1,46 @@
+"""A draft source's raw confidence -> the verifier's measured acceptance, learned online.
+
+A model drafter's own probability of a token is an optimistic guess of the target's agreement (a smaller
+model, another tokenizer, a sampled draft); the controller's expected-value rule needs the real rate. Raw
+conditional probabilities are bucketed; each bucket starts at its own midpoint with PRIOR_WEIGHT
+observations' worth of belief and moves with every node the verifier reached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EDGES = np.linspace(0.0, 1.0, 11)[1:-1]  # ten buckets of raw probability
+PRIOR_WEIGHT = 4.0
+
+
+class Calibration:
+    def __init__(self) -> None:
+        self.accepted = np.zeros(len(EDGES) + 1)
+        self.reached = np.zeros(len(EDGES) + 1)
+        self._prior = (np.concatenate(([0.0], EDGES)) + np.concatenate((EDGES, [1.0]))) / 2
+
+    @staticmethod
+    def buckets(raw: np.ndarray) -> np.ndarray:
+        return np.searchsorted(EDGES, np.asarray(raw, dtype=np.float64), side="right")
+
+    def probs(self, raw: np.ndarray) -> np.ndarray:
+        """P(node accepted | its parent accepted) for nodes of these raw conditional probabilities."""
+        b = self.buckets(raw)
+        return (self.accepted[b] + PRIOR_WEIGHT * self._prior[b]) / (self.reached[b] + PRIOR_WEIGHT)
+
+    def update(self, buckets: np.ndarray, accepted: np.ndarray) -> None:
+        """Reached nodes' buckets and whether each was accepted."""
+        np.add.at(self.reached, buckets, 1.0)
+        np.add.at(self.accepted, buckets, np.asarray(accepted, dtype=np.float64))
+
+
+def reached_and_accepted(parents: list[int], accepted_nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For a verified tree: which nodes were reached (their parent accepted, or the root's children) and,
+    per node, whether it was accepted."""
+    n = len(parents)
+    accepted = np.zeros(n + 1, dtype=bool)  # index i + 1 for node i, 0 for the root
+    accepted[0] = True
+    accepted[np.asarray(accepted_nodes, dtype=np.int64) + 1] = True
+    reached = accepted[np.asarray(parents, dtype=np.int64) + 1]
+    return reached, accepted[1:]

@@ -1,0 +1,214 @@
+"""Drafting with a small language model on this device (edge/draft_model.py), in the target's vocabulary
+or across vocabularies (edge/vocab_bridge.py).
+
+Greedy generations get the drafter's greedy chain, with its runner-up tokens as sibling leaves where it
+is unsure (same vocabulary), or the chain's text in the target's tokenisations (SLEM, across
+vocabularies). Sampled generations get drafts sampled from an exactly known proposal q, sent with the
+tree, so the verifier's recursive rejection sampling is exact: q is the drafter's distribution at the
+generation's temperature, cut to its most likely tokens (and, across vocabularies, to the tokens both
+vocabularies share: TLI), renormalised; a node's children are drawn from it without replacement.
+
+Every node carries an acceptance estimate (its path probability under calibrated conditional
+probabilities, edge/calibration.py), so the controller sends only the nodes worth a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.common.session import StepResult
+from specedge.common.tree_sizing import MAX_TREE_NODES
+from specedge.edge.calibration import Calibration, reached_and_accepted
+from specedge.edge.draft_model import DraftModel
+from specedge.edge.vocab_bridge import CrossVocab, SameVocab, TargetDraft
+
+MIN_PATH = 0.05  # stop drafting deeper once the chain's estimated acceptance falls below this
+SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its probability is at least this
+PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
+PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
+ALTERNATIVE_PENALTY = 0.5  # a second tokenisation of the same drafted text is the less likely one
+
+
+@dataclass
+class _Node:
+    token: int  # target id
+    parent: int
+    raw: float  # the drafter's conditional probability (the calibration's input)
+    estimate: float  # calibrated path probability
+
+
+class ModelDrafter:
+    def __init__(self, model: DraftModel, bridge: SameVocab | CrossVocab, max_nodes: int = MAX_TREE_NODES,
+                 max_depth: int = 12, branch: int = 3, seed: int | None = None) -> None:
+        self.model, self.bridge = model, bridge
+        self.max_nodes, self.max_depth, self.branch = max_nodes, max_depth, branch
+        self.calibration = Calibration()  # kept across generations: the edge keeps learning
+        self.rng = np.random.default_rng(seed)
+        self.params = SamplingParams()
+        self.context: list[int] = []
+        self._raw = np.zeros(0)
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        self.params = params or SamplingParams()
+        self.context = self.bridge.begin(prompt_ids)
+
+    def propose(self) -> DraftTree:
+        if not self.context or (self.bridge.cross and self.bridge.pending):
+            return DraftTree.empty()
+        if self.params.greedy:
+            nodes, proposals = (self._slem() if self.bridge.cross else self._greedy()), None
+        else:
+            nodes, proposals = self._sampled()
+        return self._best_first(nodes, proposals)
+
+    def observe(self, tree: DraftTree, result: StepResult) -> None:
+        if len(tree):
+            reached, accepted = reached_and_accepted(tree.parents, result.accepted)
+            raw = self._raw[: len(tree)]
+            self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
+        self.context = self.bridge.commit(result.tokens)
+
+    def end(self) -> None:
+        pass
+
+    # --- drafting -----------------------------------------------------------------------------------
+    def _probs(self, chain: list[int], restrict: np.ndarray | None = None) -> np.ndarray:
+        logits = self.model.logits(self.context + chain).astype(np.float64)
+        if restrict is not None:
+            logits = np.where(restrict, logits, -np.inf)
+        if not self.params.greedy:
+            logits = logits / self.params.temperature
+        p = np.exp(logits - logits.max())
+        return p / p.sum()
+
+    def _target(self, token: int) -> int:
+        return token if not self.bridge.cross else int(self.bridge.targets[token])
+
+    def _greedy(self) -> list[_Node]:
+        """The drafter's greedy chain in the target's vocabulary, runner-ups as sibling leaves."""
+        nodes: list[_Node] = []
+        chain: list[int] = []
+        parent, path = -1, 1.0
+        while len(chain) < self.max_depth and len(nodes) < self.max_nodes:
+            p = self._probs(chain)
+            best = _most_likely(p, self.branch)
+            first = len(nodes)
+            for rank, token in enumerate(best):
+                if rank and p[token] < SIBLING_MIN:
+                    break
+                cond = float(self.calibration.probs(p[token]))
+                nodes.append(_Node(self.bridge.end_ids.get(token, token), parent, float(p[token]), path * cond))
+            path = nodes[first].estimate
+            if self.model.is_end(best[0]) or path < MIN_PATH:
+                break
+            parent = first
+            chain.append(best[0])
+        return nodes
+
+    def _slem(self) -> list[_Node]:
+        """The drafter's greedy text in the target's tokenisations, verified by exact match."""
+        chain: list[int] = []
+        conds: list[float] = []
+        end_id, path = None, 1.0
+        while len(chain) < self.max_depth:
+            p = self._probs(chain)
+            token = int(np.argmax(p))
+            if self.model.is_end(token):
+                end_id = self.bridge.end_ids.get(token)
+                break
+            chain.append(token)
+            conds.append(float(p[token]))
+            path *= float(self.calibration.probs(p[token]))
+            if path < MIN_PATH:
+                break
+        drafter_ends = np.cumsum([len(self.bridge.drafter_bytes[t] or b"") for t in chain])
+        drafted = b"".join(self.bridge.drafter_bytes[t] or b"" for t in chain)
+        nodes: list[_Node] = []
+        for variant, draft in enumerate(self.bridge.target_drafts(drafted)):
+            self._add_target_draft(nodes, draft, drafter_ends, np.cumprod(conds), ALTERNATIVE_PENALTY ** variant,
+                                   end_id)
+        return nodes[: self.max_nodes]
+
+    def _add_target_draft(self, nodes: list[_Node], draft: TargetDraft, drafter_ends: np.ndarray,
+                          drafter_path: np.ndarray, penalty: float, end_id: int | None) -> None:
+        """Insert one tokenisation into the node list, sharing the prefix it has with what is there."""
+        parent, prev_raw, estimate = -1, 1.0, 1.0
+        ids = list(draft.ids) + ([end_id] if end_id is not None else [])
+        text_ends = list(draft.text_ends) + ([int(drafter_ends[-1]) if len(drafter_ends) else 0]
+                                             if end_id is not None else [])
+        for token, end in zip(ids, text_ends):
+            # The drafter's path probability up to the drafter token that completes this target token.
+            k = int(np.searchsorted(drafter_ends, end, side="left"))
+            raw_path = float(drafter_path[min(k, len(drafter_path) - 1)]) if len(drafter_path) else 1.0
+            existing = next((i for i, n in enumerate(nodes) if n.parent == parent and n.token == token), None)
+            if existing is not None:
+                parent, estimate = existing, nodes[existing].estimate
+                prev_raw = raw_path
+                continue
+            raw = min(1.0, raw_path / prev_raw if prev_raw > 0 else 0.0) * penalty
+            estimate *= float(self.calibration.probs(raw))
+            nodes.append(_Node(token, parent, raw, estimate))
+            parent, prev_raw, penalty = len(nodes) - 1, raw_path, 1.0
+
+    def _sampled(self) -> tuple[list[_Node], dict[int, tuple[list[int], list[float]]]]:
+        """A chain sampled from q, with further draws (without replacement) as sibling leaves."""
+        restrict = self.bridge.allowed if self.bridge.cross else None
+        nodes: list[_Node] = []
+        proposals: dict[int, tuple[list[int], list[float]]] = {}
+        chain: list[int] = []
+        parent, path = -1, 1.0
+        while len(chain) < self.max_depth and len(nodes) < self.max_nodes:
+            ids, q = _proposal(self._probs(chain, restrict))
+            # Gumbel-top-k: the order of log q + Gumbel noise is a sequence of draws without replacement.
+            draws = np.argsort(-(np.log(q) + self.rng.gumbel(size=len(q))))
+            proposals[parent] = ([self._target(int(t)) for t in ids], q.tolist())
+            first = len(nodes)
+            estimate = path
+            for rank, j in enumerate(draws[: self.branch].tolist()):
+                if rank and q[j] < SIBLING_MIN:
+                    break
+                estimate = min(estimate, path * float(self.calibration.probs(q[j])))
+                nodes.append(_Node(self._target(int(ids[j])), parent, float(q[j]), estimate))
+            main = int(ids[draws[0]])
+            path = nodes[first].estimate
+            if self.model.is_end(main) or path < MIN_PATH:
+                break
+            parent = first
+            chain.append(main)
+        return nodes, proposals
+
+    # --- the tree -----------------------------------------------------------------------------------
+    def _best_first(self, nodes: list[_Node], proposals: dict | None) -> DraftTree:
+        """Nodes by decreasing estimate (path estimates never grow downwards, so parents stay first)."""
+        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].estimate, i))[: self.max_nodes]
+        where = {old: new for new, old in enumerate(order)}
+        if any(nodes[i].parent >= 0 and where.get(nodes[i].parent, len(order)) >= where[i] for i in order):
+            order = list(range(min(len(nodes), self.max_nodes)))  # a tie put a child first: keep draft order
+            where = {i: i for i in order}
+        self._raw = np.array([nodes[i].raw for i in order])
+        tree = DraftTree(
+            tokens=[nodes[i].token for i in order],
+            parents=[where[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in order],
+            accept_probs=[nodes[i].estimate for i in order],
+        )
+        if proposals is not None:
+            tree.proposals = {(where[p] if p >= 0 else -1): q for p, q in proposals.items() if p < 0 or p in where}
+        return tree
+
+
+def _most_likely(p: np.ndarray, k: int) -> list[int]:
+    top = np.argpartition(-p, k)[:k] if len(p) > k else np.arange(len(p))
+    return top[np.argsort(-p[top])].tolist()
+
+
+def _proposal(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The drafter's distribution cut to its most likely tokens: (ids, q), q renormalised, best first."""
+    top = np.asarray(_most_likely(p, PROPOSAL_TOKENS))
+    keep = int(np.searchsorted(np.cumsum(p[top]), PROPOSAL_MASS * p.sum())) + 1
+    ids = top[: max(1, keep)]
+    q = p[ids] / p[ids].sum()
+    return ids, q

@@ -1,0 +1,188 @@
+"""Between a drafter's vocabulary and the target's (Timor et al., ICML 2025; DESIGN.md "Drafting with a
+model").
+
+- `SameVocab`: the drafter's ids are the target's.
+- `CrossVocab`: everything goes through the tokens' true bytes (edge/token_bytes.py):
+  * the drafter's context is its own tokenisation of the committed text, resynchronised after every
+    verdict from the last few tokens on (so a word the target split differently is re-merged), never by
+    re-splitting the target's committed ids, which are fixed;
+  * SLEM (greedy): drafted text, trimmed to whole UTF-8 characters, becomes target ids by the target's own
+    tokenizer, standalone and in the context of the committed text's tail (the two are sibling branches
+    when they differ); the verifier's exact match does the rest;
+  * TLI (sampling): the `shared` map (drafter id -> target id with identical bytes, -1 if none) restricts
+    the drafter to tokens that exist on both sides, so a sampled draft is a target draft one for one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tokenizers
+
+LOOKBEHIND_TOKENS = 2  # drafter tokens re-tokenised after each verdict: boundary merges reach this far back
+LOOKBEHIND_CHARS = 16  # committed text the target re-tokenises a draft behind
+
+
+@dataclass
+class TargetDraft:
+    """One tokenisation of drafted text in target ids, and how much drafted text each id covers."""
+
+    ids: list[int]
+    text_ends: list[int]  # end of each id's text, in bytes of the drafted text
+
+
+def complete_utf8(raw: bytes) -> bytes:
+    """`raw` without a trailing incomplete UTF-8 character."""
+    back = 0  # continuation bytes at the end
+    while back < min(3, len(raw)) and 0x80 <= raw[-1 - back] < 0xC0:
+        back += 1
+    if back == len(raw) or raw[-1 - back] < 0x80:
+        return raw
+    lead = raw[-1 - back]
+    need = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return raw if back + 1 >= need else raw[: -1 - back]
+
+
+def vocab_map(drafter_bytes: list[bytes | None], target_bytes: list[bytes | None]) -> np.ndarray:
+    """drafter id -> the target id with the same bytes, -1 where the target has no such token."""
+    target_of: dict[bytes, int] = {}
+    for i, b in enumerate(target_bytes):
+        if b:
+            target_of.setdefault(b, i)
+    out = np.full(len(drafter_bytes), -1, dtype=np.int64)
+    for i, b in enumerate(drafter_bytes):
+        if b and (t := target_of.pop(b, None)) is not None:  # pop: one drafter id per target id
+            out[i] = t
+    return out
+
+
+class SameVocab:
+    cross = False
+
+    def __init__(self, end_ids: dict[int, int]) -> None:
+        self.end_ids = end_ids  # the drafter's end tokens -> the target's (the same ids here)
+
+    def begin(self, prompt_ids: list[int]) -> list[int]:
+        self.ids = list(prompt_ids)
+        return self.ids
+
+    def commit(self, target_ids: list[int]) -> list[int]:
+        self.ids.extend(target_ids)
+        return self.ids
+
+
+class CrossVocab:
+    cross = True
+
+    def __init__(self, drafter_bytes: list[bytes | None], target_bytes: list[bytes | None],
+                 target: tokenizers.Tokenizer, tokenize, bos_id: int | None, end_ids: dict[int, int]) -> None:
+        self.drafter_bytes = drafter_bytes
+        self.target_bytes = target_bytes
+        self.target = target
+        self.tokenize = tokenize  # text -> drafter ids (no BOS)
+        self.bos = [] if bos_id is None else [bos_id]
+        self.end_ids = end_ids  # drafter end-of-turn/EOS ids -> the target's
+        self.shared = vocab_map(drafter_bytes, target_bytes)
+        self.targets = self.shared.copy()  # what a drafter id stands for in a sampled (TLI) draft
+        for drafter_end, target_end in end_ids.items():
+            if target_end not in self.targets:
+                self.targets[drafter_end] = target_end
+        self.allowed = self.targets >= 0
+
+    # --- the drafter's context ----------------------------------------------------------------------
+    def begin(self, prompt_ids: list[int]) -> list[int]:
+        self.committed = b""
+        self.ids = list(self.bos)
+        self.ends = [0] * len(self.bos)  # committed bytes covered after each drafter id
+        return self.commit(prompt_ids)
+
+    def commit(self, target_ids: list[int]) -> list[int]:
+        """Append the target's newly committed ids; returns the drafter's context for what is committed."""
+        self.committed += b"".join(self.target_bytes[t] or b"" for t in target_ids)
+        keep = len(self.bos)
+        while keep < len(self.ids) and self.ends[keep] <= len(self.committed) and \
+                self._bytes_of(keep) == self.committed[self.ends[keep] - len(self._bytes_of(keep)) : self.ends[keep]]:
+            keep += 1
+        keep = max(len(self.bos), keep - LOOKBEHIND_TOKENS)
+        start = self.ends[keep - 1] if keep > 0 else 0
+        rest = complete_utf8(self.committed[start:])
+        new = self.tokenize(rest.decode("utf-8")) if rest else []
+        del self.ids[keep:], self.ends[keep:]
+        for t in new:
+            start += len(self.drafter_bytes[t] or b"")
+            self.ids.append(t)
+            self.ends.append(start)
+        return self.ids
+
+    def extend(self, drafter_ids: list[int]) -> None:
+        """The drafter's own drafted tokens, kept in its context until a verdict says otherwise."""
+        for t in drafter_ids:
+            self.ids.append(t)
+            self.ends.append(self.ends[-1] + len(self.drafter_bytes[t] or b"") if self.ends else 0)
+
+    def _bytes_of(self, i: int) -> bytes:
+        return self.drafter_bytes[self.ids[i]] or b""
+
+    @property
+    def pending(self) -> bool:
+        """The committed text ends inside a character (a byte-fallback token split it): no text draft fits."""
+        return complete_utf8(self.committed) != self.committed
+
+    # --- SLEM -------------------------------------------------------------------------------------------
+    def target_drafts(self, drafted: bytes) -> list[TargetDraft]:
+        """The target's tokenisations of drafted text (whole characters only) after the committed text:
+        standalone first, then in the context of the committed tail when that differs."""
+        drafted = complete_utf8(drafted)
+        if not drafted:
+            return []
+        text = drafted.decode("utf-8")
+        out = [self._encode(text, "")]
+        tail = complete_utf8(self.committed[-4 * LOOKBEHIND_CHARS :]).decode("utf-8", "ignore")[-LOOKBEHIND_CHARS:]
+        if tail:
+            in_context = self._encode(text, tail)
+            if in_context is not None and in_context.ids and in_context.ids != out[0].ids:
+                out.append(in_context)
+        return [d for d in out if d is not None and d.ids]
+
+    def _encode(self, text: str, before: str) -> TargetDraft | None:
+        enc = self.target.encode(before + text, add_special_tokens=False)
+        skip = len(before)
+        ids, ends = [], []
+        for token, (a, b) in zip(enc.ids, enc.offsets):
+            if b <= skip:
+                continue
+            if a < skip:  # a token straddles the committed text: this tokenisation cannot follow it
+                return None
+            ids.append(token)
+            ends.append(len(text[: b - skip].encode("utf-8")))
+        return TargetDraft(ids, ends)
+
+
+END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
+
+
+def end_map(drafter_ends: dict[int, str], target_ends: dict[int, str]) -> dict[int, int]:
+    """The drafter's end tokens (id -> text) -> the target's: end of turn to end of turn where both have
+    one, anything else to the target's first end token."""
+    if not target_ends:
+        return {}
+    first = next(iter(target_ends))
+    target_turn = next((t for t, text in target_ends.items() if text in END_OF_TURN), first)
+    return {d: target_turn if text in END_OF_TURN else first for d, text in drafter_ends.items()}
+
+
+def bridge_between(model, target: tokenizers.Tokenizer, target_ends: dict[int, str]) -> SameVocab | CrossVocab:
+    """SameVocab when every token of the drafter (a DraftModel) has the target's bytes under the same id,
+    else CrossVocab. `target_ends`: the target's end-of-generation ids and their texts."""
+    from specedge.edge.token_bytes import token_bytes
+
+    drafter_bytes = model.token_bytes()
+    target_bytes = token_bytes(target)
+    drafter_ends = {t: model.token_text(t) for t in range(model.vocab_size) if model.is_end(t)}
+    ends = end_map(drafter_ends, target_ends)
+    same = len(drafter_bytes) <= len(target_bytes) and all(
+        d is None or d == t for d, t in zip(drafter_bytes, target_bytes))
+    if same:
+        return SameVocab({d: d for d in ends})
+    return CrossVocab(drafter_bytes, target_bytes, target, model.tokenize, model.bos_id, ends)
