@@ -14,6 +14,7 @@ probabilities, edge/calibration.py), so the controller sends only the nodes wort
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,7 +27,9 @@ from specedge.edge.calibration import Calibration, reached_and_accepted
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.vocab_bridge import CrossVocab, SameVocab, TargetDraft
 
-MIN_PATH = 0.05  # stop drafting deeper once the chain's estimated acceptance falls below this
+MIN_PATH = 0.02  # never draft deeper than this estimated acceptance, however cheap drafting is
+ROUND_MS_PRIOR = 60.0  # a round's time besides drafting, until one is measured
+EMA = 0.3
 SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its probability is at least this
 PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
 PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
@@ -51,10 +54,13 @@ class ModelDrafter:
         self.params = SamplingParams()
         self.context: list[int] = []
         self._raw = np.zeros(0)
+        self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
+        self.token_ms: float | None = None  # one drafter forward
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
+        self._prefilled = False
 
     def propose(self) -> DraftTree:
         if not self.context or (self.bridge.cross and self.bridge.pending):
@@ -71,13 +77,31 @@ class ModelDrafter:
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
         self.context = self.bridge.commit(result.tokens)
+        if self._prefilled:  # the first round's pass includes the prompt: not a typical round
+            ms = result.compute_ms + result.queue_ms + result.rtt_ms
+            self.round_ms = ms if self.round_ms is None else self.round_ms + EMA * (ms - self.round_ms)
+        self._prefilled = True
 
     def end(self) -> None:
         pass
 
     # --- drafting -----------------------------------------------------------------------------------
+    def _worth_deeper(self, path: float, expected: float, drafted: int) -> bool:
+        """Is one more drafted token worth its time? It adds about `path` expected tokens to a round that
+        commits `expected` (the bonus included) in round_ms + drafted * token_ms; drafting it pays when
+        path / token_ms beats the round's rate."""
+        if path < MIN_PATH:
+            return False
+        token_ms = self.token_ms or 0.0
+        round_ms = ROUND_MS_PRIOR if self.round_ms is None else self.round_ms
+        return path * (round_ms + drafted * token_ms) > expected * token_ms
+
     def _probs(self, chain: list[int], restrict: np.ndarray | None = None) -> np.ndarray:
+        start = time.perf_counter()
         logits = self.model.logits(self.context + chain).astype(np.float64)
+        if chain:  # a one-token forward (the first call may feed the verdict's tokens)
+            ms = (time.perf_counter() - start) * 1e3
+            self.token_ms = ms if self.token_ms is None else self.token_ms + EMA * (ms - self.token_ms)
         if restrict is not None:
             logits = np.where(restrict, logits, -np.inf)
         if not self.params.greedy:
@@ -103,7 +127,8 @@ class ModelDrafter:
                 cond = float(self.calibration.probs(p[token]))
                 nodes.append(_Node(self.bridge.end_ids.get(token, token), parent, float(p[token]), path * cond))
             path = nodes[first].estimate
-            if self.model.is_end(best[0]) or path < MIN_PATH:
+            if self.model.is_end(best[0]) or not self._worth_deeper(path, 1 + sum(n.estimate for n in nodes),
+                                                                     len(chain) + 1):
                 break
             parent = first
             chain.append(best[0])
@@ -113,7 +138,7 @@ class ModelDrafter:
         """The drafter's greedy text in the target's tokenisations, verified by exact match."""
         chain: list[int] = []
         conds: list[float] = []
-        end_id, path = None, 1.0
+        end_id, path, expected = None, 1.0, 1.0
         while len(chain) < self.max_depth:
             p = self._probs(chain)
             token = int(np.argmax(p))
@@ -123,7 +148,8 @@ class ModelDrafter:
             chain.append(token)
             conds.append(float(p[token]))
             path *= float(self.calibration.probs(p[token]))
-            if path < MIN_PATH:
+            expected += path
+            if not self._worth_deeper(path, expected, len(chain)):
                 break
         drafter_ends = np.cumsum([len(self.bridge.drafter_bytes[t] or b"") for t in chain])
         drafted = b"".join(self.bridge.drafter_bytes[t] or b"" for t in chain)
@@ -175,7 +201,8 @@ class ModelDrafter:
                 nodes.append(_Node(self._target(int(ids[j])), parent, float(q[j]), estimate))
             main = int(ids[draws[0]])
             path = nodes[first].estimate
-            if self.model.is_end(main) or path < MIN_PATH:
+            if self.model.is_end(main) or not self._worth_deeper(path, 1 + sum(n.estimate for n in nodes),
+                                                                 len(chain) + 1):
                 break
             parent = first
             chain.append(main)

@@ -1,0 +1,112 @@
+"""Drafting with a small model on the edge (llama.cpp): the runtime's rollback is exact, sampled drafts keep
+the target's distribution (same vocabulary: rejection sampling against the drafter's q; across
+vocabularies: TLI), and the drafter adapts its trees. Greedy equality with transformers for every mode is
+in test_greedy_equality.py (kinds model_same and model_cross)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specedge.cloud.engine import Engine
+from specedge.cloud.model_registry import eos_token_ids
+from specedge.cloud.sampling import target_probs
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.edge.draft_model import DraftModel
+from specedge.edge.draft_models import draft_model_path
+from specedge.edge.registry import make_drafter
+from specedge.edge.tokenizer import EdgeTokenizer
+
+pytestmark = pytest.mark.real_model
+
+PROMPT = "My favourite animal is the"
+TRIALS = 800
+BATCH = 200
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_rollback_gives_the_logits_of_a_fresh_model(name):
+    """Keep a prefix, drop the rest, feed other tokens: the logits are bit for bit those of a fresh model
+    fed the same tokens in the same pieces (llama.cpp rounds differently for other batch splits), also past
+    Gemma 3's 512-token sliding window (its window layers keep every position for this)."""
+    model = DraftModel(draft_model_path(name), context=2048)
+    rng = np.random.default_rng(0)
+    text = rng.integers(100, 5000, size=900).tolist()
+    model.logits(text[:800])
+    rolled_back = model.logits(text[:700] + text[850:900])  # drop 100 positions, feed 50 others
+    assert model.tokens == text[:700] + text[850:900]
+    fresh = DraftModel(draft_model_path(name), context=2048)
+    fresh.logits(text[:700])
+    assert np.array_equal(rolled_back, fresh.logits(text[:700] + text[850:900]))
+    kept = DraftModel(draft_model_path(name), context=2048)  # the dropped positions still in the cache
+    kept.logits(text[:800])
+    assert np.abs(kept.logits(text[:800] + text[850:900]) - rolled_back).max() > 1.0
+    again = model.logits(text[:700] + text[850:900])  # nothing new to feed: the same logits, no forward
+    assert np.array_equal(again, rolled_back)
+
+
+def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
+    """The target's exact p(x1) and, for its `firsts` most likely x1, p(x1, x2)."""
+    with torch.inference_mode():
+        first = target_probs(hf(torch.tensor([prompt])).logits[0, -1].float(), params).double().numpy()
+        top = np.argsort(-first)[:firsts].tolist()
+        second = hf(torch.tensor([prompt + [t] for t in top])).logits[:, -1].float()
+        pairs = first[top][:, None] * target_probs(second, params).double().numpy()
+    return first, pairs, top
+
+
+def _p_value(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square of observed counts against probabilities; cells expected below 5 pooled with the rest."""
+    expected = probs / probs.sum() * counts.sum()
+    if counts[expected == 0].any():
+        return 0.0
+    dense = expected >= 5
+    observed, expected = counts[dense], expected[dense]
+    if (rest := probs[~dense].sum() / probs.sum() * counts.sum()) > 0:
+        observed, expected = np.append(observed, counts[~dense].sum()), np.append(expected, rest)
+    return float(chisquare(observed, expected).pvalue)
+
+
+@pytest.mark.parametrize(("target", "drafting_model"), [("smollm2-135m", "smollm2-135m"), ("gemma3-270m", "smollm2-135m")],
+                         ids=["same-vocab", "TLI"])
+def test_sampled_drafts_keep_the_target_distribution(real_model, target, drafting_model):
+    hf, tokenizer = real_model(target)
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter(f"model:{drafting_model}", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    assert drafter.bridge.cross == (target != drafting_model)
+    drafter.max_depth = 2  # only the first two tokens are tested
+    drafter.round_ms = 1e9  # draft both levels every time, whatever the clock says
+    params = SamplingParams(temperature=0.8, top_k=40, max_new_tokens=2)
+    prompt = edge_tokenizer.encode(PROMPT)
+    first, pairs, top = _pair_probs(hf, prompt, params, firsts=12)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=256 << 20)
+    drafter.begin(prompt, params)
+    seen = np.zeros((TRIALS, 2), dtype=np.int64)
+    drafted = 0
+    for start in range(0, TRIALS, BATCH):
+        trials = range(start, min(start + BATCH, TRIALS))
+        seqs = [engine.add_sequence(prompt, SamplingParams(**{**params.__dict__, "seed": t})) for t in trials]
+        trees = [drafter.propose() for _ in trials]
+        drafted += sum(bool(t.proposals) for t in trees)
+        verdicts = engine.step(list(zip(seqs, trees)))
+        engine.step([(s, DraftTree.empty()) for s, v in zip(seqs, verdicts) if len(v.tokens) == 1])
+        for t, s in zip(trials, seqs):
+            seen[t] = s.output_ids[:2]
+            engine.release(s)
+    assert drafted == TRIALS  # every tree was a sampled draft with its proposals
+    assert _p_value(np.bincount(seen[:, 0], minlength=len(first)), first) > 1e-3
+    # Pairs whose first token is among the most likely ones, the rest pooled as one cell.
+    index = {t: i for i, t in enumerate(top)}
+    counts = np.zeros(pairs.size + 1)
+    for a, b in seen:
+        counts[index[a] * pairs.shape[1] + b if a in index else -1] += 1
+    assert _p_value(counts, np.append(pairs.ravel(), 1 - pairs.sum())) > 1e-3
+    # Power: accepting the drafter's samples as they come would show (its q differs from the target's p).
+    q = drafter._probs([], drafter.bridge.allowed if drafter.bridge.cross else None)
+    q_target = np.zeros_like(first)
+    ids = np.flatnonzero(q > 0)
+    q_target[drafter.bridge.targets[ids] if drafter.bridge.cross else ids] = q[ids]
+    assert 0.5 * np.abs(first - q_target).sum() > 0.1
