@@ -89,37 +89,62 @@ class CrossVocab:
             if target_end not in self.targets:
                 self.targets[drafter_end] = target_end
         self.allowed = self.targets >= 0
+        singles = {b for b in drafter_bytes if b is not None and len(b) == 1}
+        self.unspellable = bytes(b for b in range(256) if bytes([b]) not in singles)
 
     # --- the drafter's context ----------------------------------------------------------------------
     def begin(self, prompt_ids: list[int]) -> list[int]:
         self.committed = b""
         self.ids = list(self.bos)
         self.ends = [0] * len(self.bos)  # committed bytes covered after each drafter id
+        self._checked = len(self.bos)
         return self.commit(prompt_ids)
 
     def commit(self, target_ids: list[int]) -> list[int]:
         """Append the target's newly committed ids; returns the drafter's context for what is committed."""
         self.committed += b"".join(self.target_bytes[t] or b"" for t in target_ids)
-        keep = len(self.bos)
+        keep = self._checked  # ids before it spell the committed text: it only grows
         while keep < len(self.ids) and self.ends[keep] <= len(self.committed) and \
                 self._bytes_of(keep) == self.committed[self.ends[keep] - len(self._bytes_of(keep)) : self.ends[keep]]:
             keep += 1
         keep = max(len(self.bos), keep - LOOKBEHIND_TOKENS)
+        # Re-tokenise from a character boundary: a drafter token may end inside a character.
+        while keep > len(self.bos) and self._inside_character(self.ends[keep - 1]):
+            keep -= 1
         start = self.ends[keep - 1] if keep > 0 else 0
-        rest = complete_utf8(self.committed[start:])
-        new = self.tokenize(rest.decode("utf-8")) if rest else []
         del self.ids[keep:], self.ends[keep:]
-        for t in new:
-            start += len(self.drafter_bytes[t] or b"")
+        for t, end in self._spell(complete_utf8(self.committed[start:]), start):
             self.ids.append(t)
-            self.ends.append(start)
+            self.ends.append(end)
+        self._checked = len(self.ids)
         return self.ids
 
-    def extend(self, drafter_ids: list[int]) -> None:
-        """The drafter's own drafted tokens, kept in its context until a verdict says otherwise."""
-        for t in drafter_ids:
-            self.ids.append(t)
-            self.ends.append(self.ends[-1] + len(self.drafter_bytes[t] or b"") if self.ends else 0)
+    def _spell(self, text: bytes, start: int) -> list[tuple[int, int]]:
+        """Drafter ids for `text` (which begins at byte `start` of the committed text), each with the byte
+        where it ends. Characters the drafter has no bytes for (a byte-level vocabulary may lack some) are
+        left out, so the ends still line up with the committed text."""
+        if len(text.translate(None, self.unspellable)) == len(text):
+            runs = [(text.decode("utf-8"), start)]
+        else:
+            runs, at, run, run_start = [], start, "", start
+            for ch in text.decode("utf-8"):
+                raw = ch.encode("utf-8")
+                if len(raw.translate(None, self.unspellable)) < len(raw):
+                    runs.append((run, run_start))
+                    run, run_start = "", at + len(raw)
+                else:
+                    run += ch
+                at += len(raw)
+            runs.append((run, run_start))
+        out = []
+        for run, at in runs:
+            for t in self.tokenize(run) if run else []:
+                at += len(self.drafter_bytes[t] or b"")
+                out.append((t, at))
+        return out
+
+    def _inside_character(self, at: int) -> bool:
+        return at < len(self.committed) and 0x80 <= self.committed[at] < 0xC0
 
     def _bytes_of(self, i: int) -> bytes:
         return self.drafter_bytes[self.ids[i]] or b""
@@ -147,16 +172,11 @@ class CrossVocab:
 
     def _encode(self, text: str, before: str) -> TargetDraft | None:
         enc = self.target.encode(before + text, add_special_tokens=False)
-        skip = len(before)
-        ids, ends = [], []
-        for token, (a, b) in zip(enc.ids, enc.offsets):
-            if b <= skip:
-                continue
-            if a < skip:  # a token straddles the committed text: this tokenisation cannot follow it
-                return None
-            ids.append(token)
-            ends.append(len(text[: b - skip].encode("utf-8")))
-        return TargetDraft(ids, ends)
+        first = next((i for i, (_, end) in enumerate(enc.offsets) if end > len(before)), len(enc.ids))
+        if first < len(enc.ids) and enc.offsets[first][0] < len(before):
+            return None  # a token straddles the committed text: this tokenisation cannot follow it
+        ids = enc.ids[first:]
+        return TargetDraft(ids, np.cumsum([len(self.target_bytes[t] or b"") for t in ids]).tolist())
 
 
 END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
