@@ -26,8 +26,9 @@ def add_parser(commands) -> None:
     gen.add_argument("prompt", help="the prompt text")
     gen.add_argument("--model", default=DEFAULT_MODEL, help="registry name (smollm2-135m, gemma3-270m) or a local "
                      "Hugging Face model directory")
-    gen.add_argument("--drafter", default="none", help="draft source: none (plain decoding) or retrieval "
-                     "(matches in the prompt, the output so far and --corpus); model:NAME and hybrid come later")
+    gen.add_argument("--drafter", default="none", help="draft source: none (plain decoding), retrieval "
+                     "(matches in the prompt, the output so far and --corpus), or model:NAME (a small model on "
+                     "this device: smollm2-135m, gemma3-270m or a .gguf path; any vocabulary)")
     gen.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                      help="files or directories for the long-term datastore, or a datastore built with "
                      "`specedge index build` (repeatable); built once and cached")
@@ -57,7 +58,7 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specedge.edge.client import ChannelConfig, EdgeClient
-    from specedge.edge.registry import make_drafter
+    from specedge.edge.registry import check_drafter
 
     def fail(msg: str) -> SystemExit:
         return SystemExit(f"specedge generate: {msg}")
@@ -66,8 +67,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))  # reject bad values early
-        if make_drafter(args.drafter) is None and args.corpus:  # a bad --drafter too, before the slow model load
-            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
+        check_drafter(args.drafter, bool(args.corpus))  # before the slow model load
         if args.max_tree < 0:
             raise ValueError(f"--max-tree must be >= 0, got {args.max_tree}")
         channel = ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,

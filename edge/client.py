@@ -69,7 +69,8 @@ class EdgeClient:
             corpus = open_corpus([Path(p) for p in corpus], self.tokenizer)
         self.corpus = corpus
         self.max_tree = min(max_tree, info.limits.max_tree_tokens)
-        self._new_drafter = lambda: make_drafter(drafter, corpus, max_nodes=self.max_tree)
+        self._new_drafter = lambda: make_drafter(drafter, corpus, max_nodes=self.max_tree, tokenizer=self.tokenizer,
+                                                 eos_ids=self.eos_ids)
         # Drafters and controllers learn across generations but hold one generation's state at a time:
         # concurrent generate calls each take an idle pair, or a new one. (An unknown drafter fails here.)
         self._idle: list[tuple[Drafter | None, TreeSizeController]] = [self._new_pair()]

@@ -17,7 +17,7 @@ import numpy as np
 BATCH = 512  # tokens per llama_decode call when feeding a prompt
 
 
-def _llama():
+def llama_cpp_module():
     try:
         import llama_cpp
         from llama_cpp import _logger
@@ -29,7 +29,7 @@ def _llama():
 
 class DraftModel:
     def __init__(self, path: str | Path, context: int = 8192, threads: int = 1) -> None:
-        llama = self._l = _llama()
+        llama = self._l = llama_cpp_module()
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no GGUF model at {path}")

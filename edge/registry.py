@@ -30,6 +30,24 @@ def make_drafter(name: str, datastore: Datastore | None = None, max_nodes: int =
     raise ValueError(f"unknown drafter {name!r}; available: {', '.join(DRAFTERS)}")
 
 
+def check_drafter(name: str, corpus: bool = False) -> None:
+    """Raise ValueError for a drafter that cannot work here, before anything slow is loaded."""
+    if name.startswith("model:"):
+        from specedge.edge.draft_model import llama_cpp_module
+        from specedge.edge.draft_models import draft_model_path
+
+        try:
+            llama_cpp_module()
+        except ImportError as e:
+            raise ValueError(str(e)) from e
+        draft_model_path(name.removeprefix("model:"))
+        if corpus:
+            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
+        return
+    if make_drafter(name) is None and corpus:
+        raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
+
+
 def _model_drafter(model_name: str, max_nodes: int, tokenizer, eos_ids: list[int]) -> Drafter:
     from specedge.edge.draft_model import DraftModel
     from specedge.edge.draft_models import draft_model_path
