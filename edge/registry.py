@@ -1,5 +1,6 @@
 """Drafters by name, as the command line and the benchmark name them:
-`none`, `retrieval`, `model:NAME` (a drafting model, edge/draft_models.py)."""
+`none`, `retrieval`, `model:NAME` (a drafting model, edge/draft_models.py), `hybrid[:NAME]` (both in one
+tree; the model defaults to smollm2-135m)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from specedge.edge.datastore import Datastore
 from specedge.edge.drafter import Drafter
 from specedge.edge.retrieval import RetrievalDrafter
 
-DRAFTERS = ("none", "retrieval", "model:NAME")
+DRAFTERS = ("none", "retrieval", "model:NAME", "hybrid[:NAME]")
+DEFAULT_DRAFT_MODEL = "smollm2-135m"
 
 
 def make_drafter(name: str, datastore: Datastore | None = None, max_nodes: int = MAX_TREE_NODES,
@@ -21,18 +23,33 @@ def make_drafter(name: str, datastore: Datastore | None = None, max_nodes: int =
         return None
     if name == "retrieval":
         return RetrievalDrafter(datastore=datastore, max_nodes=max_nodes)
-    if name.startswith("model:"):
+    model_name = drafting_model(name)
+    if model_name is not None and name.startswith("model:"):
         if datastore is not None:
-            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
-        return _model_drafter(name.removeprefix("model:"), max_nodes, tokenizer, eos_ids)
-    if name == "hybrid" or name.startswith("hybrid:"):
-        raise ValueError(f"drafter {name!r} is not available yet; available: {', '.join(DRAFTERS)}")
+            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval or hybrid")
+        return _model_drafter(model_name, max_nodes, tokenizer, eos_ids)
+    if model_name is not None:
+        from specedge.edge.hybrid import HybridDrafter
+
+        model = _model_drafter(model_name, max_nodes, tokenizer, eos_ids)
+        return HybridDrafter(RetrievalDrafter(datastore=datastore, max_nodes=max_nodes), model, max_nodes)
     raise ValueError(f"unknown drafter {name!r}; available: {', '.join(DRAFTERS)}")
+
+
+def drafting_model(name: str) -> str | None:
+    """The drafting model a drafter name asks for (model:NAME, hybrid, hybrid:NAME), None for the others."""
+    kind, _, model = name.partition(":")
+    if kind == "model" and model:
+        return model
+    if kind == "hybrid":
+        return model or DEFAULT_DRAFT_MODEL
+    return None
 
 
 def check_drafter(name: str, corpus: bool = False) -> None:
     """Raise ValueError for a drafter that cannot work here, before anything slow is loaded."""
-    if name.startswith("model:"):
+    model = drafting_model(name)
+    if model is not None:
         from specedge.edge.draft_model import llama_cpp_module
         from specedge.edge.draft_models import draft_model_path
 
@@ -40,9 +57,9 @@ def check_drafter(name: str, corpus: bool = False) -> None:
             llama_cpp_module()
         except ImportError as e:
             raise ValueError(str(e)) from e
-        draft_model_path(name.removeprefix("model:"))
-        if corpus:
-            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
+        draft_model_path(model)
+        if corpus and name.startswith("model:"):
+            raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval or hybrid")
         return
     if make_drafter(name) is None and corpus:
         raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")

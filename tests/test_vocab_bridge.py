@@ -21,7 +21,8 @@ pytestmark = pytest.mark.real_model
 
 HARD = [
     "Hello world", "  two leading spaces", "trailing spaces   ", "line one\nline two\n\n", "tab\tseparated\tvalues",
-    "3.14159 and 1,000,000 and 2026-11-23", "emoji 🙂🚀👩‍💻 end", "中文文本和日本語のテキスト", "naïve café résumé Ångström",
+    "3.14159 and 1,000,000 and 2026-11-23", "emoji 🙂🚀👩‍💻 end", "中文文本和日本語のテキスト",
+    "naïve café résumé Ångström",
     "def f(x):\n    if x:\n        return [i ** 2 for i in x]\n", "<b>bold</b> & entities &amp;", " ", "\n",
     "mixed 🙂 CJK 字 and accents é\t\n", "ends in an emoji 🙂",
 ]

@@ -1,0 +1,136 @@
+"""Retrieval and a drafting model in one tree (READER's point: their candidates complement each other).
+
+Each source drafts best first with its own online-calibrated acceptance estimates; the hybrid merges the
+two trees as a trie (a path both propose is one node, estimated by the more confident source) and orders
+the nodes by estimate, so the controller's expected-value rule picks the nodes worth a pass from either
+source under one node budget. Sorting by estimate keeps each source's nodes in the source's own order, so
+any prefix of the merged tree holds a prefix of each source's draft, and each source learns from the
+verdict on the nodes of its own that were sent.
+
+Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
+rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
+as deterministic candidates. Which rule a node gets must not depend on what the model drew there (that
+would bias rejection sampling), so it is decided from the retrieval draft alone. Both rules are lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.common.session import StepResult
+from specedge.edge.model_drafter import ModelDrafter
+from specedge.edge.retrieval import RetrievalDrafter
+
+
+@dataclass
+class _Merged:
+    token: int
+    parent: int  # merged index, -1 = root
+    estimate: float
+    where: dict[int, int] = field(default_factory=dict)  # source number -> node index in that source's draft
+    retrieval_below: bool = False  # the retrieval draft has children under this node
+
+
+class HybridDrafter:
+    def __init__(self, retrieval: RetrievalDrafter, model: ModelDrafter, max_nodes: int) -> None:
+        self.sources = (retrieval, model)
+        self.max_nodes = max_nodes
+        self._drafts: tuple[DraftTree, ...] = ()
+        self._merged: list[_Merged] = []
+
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        for source in self.sources:
+            source.begin(prompt_ids, params)
+
+    def propose(self) -> DraftTree:
+        self._drafts = tuple(source.propose() for source in self.sources)
+        nodes: list[_Merged] = []
+        index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
+        self._retrieval_at_root = False
+        for number, draft in enumerate(self._drafts):
+            probs = draft.accept_probs or [0.0] * len(draft)
+            mine: list[int] = []  # this source's node -> merged index
+            for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+                key = (mine[parent] if parent >= 0 else -1, token)
+                if key in index:
+                    node = nodes[index[key]]
+                    node.estimate = max(node.estimate, probs[i])
+                else:
+                    index[key] = len(nodes)
+                    nodes.append(_Merged(token, key[0], probs[i]))
+                mine.append(index[key])
+                nodes[index[key]].where[number] = i
+                if number == 0:
+                    if key[0] < 0:
+                        self._retrieval_at_root = True
+                    else:
+                        nodes[key[0]].retrieval_below = True
+        order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].estimate, i))
+        order = _parents_first(order, nodes)[: self.max_nodes]
+        new = {old: k for k, old in enumerate(order)}
+        self._merged = [nodes[i] for i in order]
+        for node in self._merged:
+            node.parent = new.get(node.parent, -1) if node.parent >= 0 else -1
+        tree = DraftTree([n.token for n in self._merged], [n.parent for n in self._merged],
+                         accept_probs=[n.estimate for n in self._merged])
+        tree.proposals = self._proposals(tree) or None
+        return tree
+
+    def _proposals(self, tree: DraftTree) -> dict[int, tuple[list[int], list[float]]]:
+        """The model's proposals for the merged nodes whose children are the model's first draws there."""
+        model_draft = self._drafts[1]
+        if not model_draft.proposals:
+            return {}
+        model_children = model_draft.children()
+        out = {}
+        for parent, kids in enumerate(tree.children(), start=-1):
+            source_parent = -1 if parent < 0 else self._merged[parent].where.get(1)
+            if not kids or source_parent is None or source_parent not in model_draft.proposals:
+                continue
+            if (self._retrieval_at_root if parent < 0 else self._merged[parent].retrieval_below):
+                continue
+            drawn = [self._merged[k].where.get(1) for k in kids]
+            if drawn == model_children[source_parent + 1][: len(drawn)]:
+                out[parent] = model_draft.proposals[source_parent]
+        return out
+
+    def observe(self, tree: DraftTree, result: StepResult) -> None:
+        sent = len(tree)
+        accepted_merged = result.accepted
+        for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
+            # The longest prefix of this source's draft that was sent whole.
+            merged_of = {i: k for k, n in enumerate(self._merged[:sent]) for s, i in n.where.items() if s == number}
+            n = next((i for i in range(len(draft)) if i not in merged_of), len(draft))
+            mine = {k: i for i, k in merged_of.items() if i < n}
+            accepted = []
+            for k in accepted_merged:
+                if k not in mine:
+                    break
+                accepted.append(mine[k])
+            source.observe(draft.prefix(n), StepResult(result.tokens, accepted, result.compute_ms, result.queue_ms,
+                                                       result.rtt_ms, result.next_max_tree_tokens))
+
+    def end(self) -> None:
+        for source in self.sources:
+            source.end()
+
+
+def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:
+    """`order` with any node that came before its parent (a tie of estimates) moved just after it."""
+    placed: set[int] = set()
+    out: list[int] = []
+    waiting: dict[int, list[int]] = {}
+    for i in order:
+        parent = nodes[i].parent
+        if parent >= 0 and parent not in placed:
+            waiting.setdefault(parent, []).append(i)
+            continue
+        stack = [i]
+        while stack:
+            j = stack.pop()
+            out.append(j)
+            placed.add(j)
+            stack.extend(reversed(waiting.pop(j, [])))
+    return out

@@ -1,0 +1,88 @@
+"""The hybrid drafter's merge: two best-first drafts become one trie ordered by estimate, each source learns
+from its own sent nodes, and a model proposal survives only where a node's children are the model's draws.
+The sources here are small scripted drafters (the real ones need a model: test_greedy_equality.py runs the
+hybrid end to end)."""
+
+from __future__ import annotations
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.session import StepResult
+from specedge.edge.hybrid import HybridDrafter
+
+
+class Scripted:
+    """A drafter that proposes a fixed tree and records what it is told."""
+
+    def __init__(self, tree: DraftTree) -> None:
+        self.tree = tree
+        self.observed: list[tuple[DraftTree, StepResult]] = []
+
+    def begin(self, prompt_ids, params=None) -> None:
+        pass
+
+    def propose(self) -> DraftTree:
+        return self.tree
+
+    def observe(self, tree: DraftTree, result: StepResult) -> None:
+        self.observed.append((tree, result))
+
+    def end(self) -> None:
+        pass
+
+
+def paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
+    return {tuple(tree.tokens[j] for j in tree.path_to(i)): tree.accept_probs[i] for i in range(len(tree))}
+
+
+# Retrieval: 10 -> 11 -> 12 (confident), and 20. Model: 10 -> 13 (its own continuation), and 30.
+RETRIEVAL = DraftTree([10, 11, 12, 20], [-1, 0, 1, -1], accept_probs=[0.9, 0.8, 0.7, 0.2])
+MODEL = DraftTree([10, 13, 30], [-1, 0, -1], accept_probs=[0.95, 0.5, 0.1])
+
+
+def test_shared_paths_merge_and_nodes_come_best_first():
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), Scripted(MODEL), max_nodes=64)
+    hybrid.begin([1, 2])
+    tree = hybrid.propose()
+    tree.validate(100)
+    assert paths(tree) == {(10,): 0.95, (10, 11): 0.8, (10, 11, 12): 0.7, (10, 13): 0.5, (20,): 0.2, (30,): 0.1}
+    assert tree.accept_probs == sorted(tree.accept_probs, reverse=True)
+    assert tree.proposals is None
+
+
+def test_the_node_budget_keeps_the_best_nodes():
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), Scripted(MODEL), max_nodes=3)
+    hybrid.begin([1])
+    assert set(paths(hybrid.propose())) == {(10,), (10, 11), (10, 11, 12)}
+
+
+def test_each_source_hears_about_the_nodes_of_its_own_that_were_sent():
+    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    tree = hybrid.propose().prefix(4)  # the controller sent 10, 10-11, 10-11-12, 10-13
+    first, second = tree.path_to(tree.tokens.index(11))  # the verifier accepted 10 and 11, then said 99
+    hybrid.observe(tree, StepResult(tokens=[10, 11, 99], accepted=[first, second], compute_ms=5.0))
+    (r_tree, r_result), = retrieval.observed
+    assert r_tree.tokens == [10, 11, 12] and r_result.accepted == [0, 1] and r_result.tokens == [10, 11, 99]
+    (m_tree, m_result), = model.observed
+    assert m_tree.tokens == [10, 13] and m_result.accepted == [0] and m_result.compute_ms == 5.0
+
+
+def test_a_model_proposal_survives_only_where_retrieval_proposes_nothing():
+    """Which rule checks a node's children must not depend on what the model drew there, so it is decided
+    from the retrieval draft alone: where retrieval has children, every child is a deterministic candidate."""
+    q_root, q_after_10, q_after_13 = ([10, 30, 40], [0.6, 0.3, 0.1]), ([13, 14], [0.7, 0.3]), ([15], [1.0])
+    sampled = DraftTree([10, 13, 30, 15], [-1, 0, -1, 1], proposals={-1: q_root, 0: q_after_10, 1: q_after_13},
+                        accept_probs=[0.6, 0.4, 0.2, 0.3])
+    retrieval = DraftTree([10, 11], [-1, 0], accept_probs=[0.5, 0.45])  # children at the root and under 10
+    hybrid = HybridDrafter(Scripted(retrieval), Scripted(sampled), max_nodes=64)
+    hybrid.begin([1])
+    tree = hybrid.propose()
+    tree.validate(100)
+    assert tree.proposals == {tree.tokens.index(13): q_after_13}
+    under_ten = [tree.tokens[c] for c in tree.children()[tree.tokens.index(10) + 1]]
+    assert sorted(under_ten) == [11, 13]
+    # The same draws without retrieval's candidates: every proposal stands.
+    alone = HybridDrafter(Scripted(DraftTree.empty()), Scripted(sampled), max_nodes=64)
+    alone.begin([1])
+    assert len(alone.propose().proposals) == 3
