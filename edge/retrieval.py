@@ -11,6 +11,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.acceptance_model import AcceptanceModel
+from specedge.edge.calibration import reached_and_accepted
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
 from specedge.edge.tree_builder import CandidateSet, build_draft
@@ -69,13 +70,9 @@ class RetrievalDrafter:
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
-        n = len(tree)
-        if n:
-            accepted = np.zeros(n + 1, dtype=bool)  # index i + 1 for node i, 0 for the root
-            accepted[0] = True
-            accepted[np.asarray(result.accepted, dtype=np.int64) + 1] = True
-            reached = accepted[np.asarray(tree.parents, dtype=np.int64) + 1]  # its parent was accepted
-            self.model.update(self._cells[:n][reached], accepted[1:][reached])
+        if len(tree):
+            reached, accepted = reached_and_accepted(tree.parents, result.accepted)
+            self.model.update(self._cells[: len(tree)][reached], accepted[reached])
         self._cells = self._cells[:0]
         self.index.append(result.tokens)
 
