@@ -21,7 +21,7 @@ from specedge.bench.report import plot_serving, plot_speedup, progress_reporter,
 from specedge.bench.specbench import Prompt
 from specedge.bench.workloads import load_prompts
 
-BASELINES = ("ar", "hf-ar", "hf-pld", "suffix", "oracle", "server-ar")
+BASELINES = ("ar", "hf-ar", "hf-pld", "hf-assisted", "hf-uag", "suffix", "oracle", "server-ar")
 
 
 @dataclass
@@ -41,11 +41,14 @@ class Run:
 class Methods:
     """How each method generates one prompt; all share one model and one engine."""
 
-    def __init__(self, args, hf, engine, store) -> None:
+    def __init__(self, args, hf, hf_tokenizer, engine, store) -> None:
         from specedge.cloud.local import LocalVerifier
         from specedge.cloud.model_registry import eos_token_ids
+        from specedge.edge.tokenizer import EdgeTokenizer
 
-        self.args, self.hf, self.engine = args, hf, engine
+        self.args, self.hf, self.hf_tokenizer, self.engine = args, hf, hf_tokenizer, engine
+        self.tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
+        self._assistants: dict[str, tuple] = {}
         self.verifier = LocalVerifier(engine)
         self.eos = eos_token_ids(hf)
         self.store = store
@@ -61,9 +64,11 @@ class Methods:
         self.controller = TreeSizeController(args.max_tree)
         self.drafters = {}
         for name in [d for d in args.drafters.split(",") if d]:
-            self.drafters[name] = make_drafter(name, None, max_nodes=args.max_tree)
-            if self.store is not None:  # with and without the long-term datastore, side by side
-                self.drafters[f"{name}+corpus"] = make_drafter(name, self.store, max_nodes=args.max_tree)
+            self.drafters[name] = make_drafter(name, None, max_nodes=args.max_tree, tokenizer=self.tokenizer,
+                                               eos_ids=self.eos)
+            if self.store is not None and not name.startswith("model:"):  # with and without it, side by side
+                self.drafters[f"{name}+corpus"] = make_drafter(name, self.store, max_nodes=args.max_tree,
+                                                               tokenizer=self.tokenizer, eos_ids=self.eos)
         self.suffix = None
         if "suffix" in args.baselines.split(","):
             from specedge.bench.suffix_drafter import SuffixDecodingDrafter
@@ -102,12 +107,26 @@ class Methods:
 
         x = torch.tensor([ids])
         extra = {"prompt_lookup_num_tokens": 10} if method == "hf-pld" else {}
+        if method == "hf-assisted":  # same vocabulary: the target's own model assists (transformers runs it in
+            extra = {"assistant_model": self._assistant(self.args.model)[0]}  # fp32, not quantised)
+        elif method == "hf-uag":  # universal assisted generation: another vocabulary
+            assistant, assistant_tokenizer = self._assistant(self.args.drafting_model)
+            extra = {"assistant_model": assistant, "tokenizer": self.hf_tokenizer,
+                     "assistant_tokenizer": assistant_tokenizer}
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                    max_new_tokens=self.args.max_new_tokens, **extra)
         wall = time.perf_counter() - start
         return out[0, len(ids) :].tolist(), wall, None, None, [], []
+
+
+    def _assistant(self, name: str) -> tuple:
+        from specedge.cloud.model_registry import load_model
+
+        if name not in self._assistants:
+            self._assistants[name] = load_model(name)
+        return self._assistants[name]
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -139,7 +158,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if serving:
             _check_serving_args(args, store)
         else:
-            methods = Methods(args, hf, engine, store)
+            methods = Methods(args, hf, hf_tokenizer, engine, store)
             names = methods.names()
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise fail(str(e))

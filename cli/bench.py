@@ -26,7 +26,10 @@ def add_parser(commands) -> None:
     b.add_argument("--prompts", type=Path, default=None, metavar="FILE.jsonl",
                    help="prompts file: lines with id, category, prompt (or Spec-Bench lines with turns)")
     b.add_argument("--per-category", type=int, default=6, help="prompts per category (Spec-Bench workloads)")
-    b.add_argument("--drafters", default="retrieval", help="comma-separated drafters to measure")
+    b.add_argument("--drafters", default="retrieval", help="comma-separated drafters to measure: retrieval, "
+                   "model:NAME, hybrid[:NAME]")
+    b.add_argument("--drafting-model", default="smollm2-135m",
+                   help="the assistant of the hf-uag baseline (transformers' universal assisted generation)")
     b.add_argument("--baselines", default="ar,hf-pld,suffix,oracle",
                    help=f"comma-separated baselines from {', '.join(BASELINES)}; ar is always run")
     b.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
