@@ -10,6 +10,7 @@ torch; the README's "Edge drafting models" section has the measurements behind t
 from __future__ import annotations
 
 import ctypes
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -135,4 +136,5 @@ class DraftModel:
             self._ctx = None
 
     def __del__(self) -> None:
-        self.close()
+        if not sys.is_finalizing():  # at interpreter exit llama_cpp's bindings may already be gone
+            self.close()

@@ -57,6 +57,7 @@ class ModelDrafter:
         self._root_logits: np.ndarray | None = None  # the logits after self.context, once computed
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
+        self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.params = params or SamplingParams()
@@ -133,7 +134,7 @@ class ModelDrafter:
                 if rank and p[token] < SIBLING_MIN:
                     break
                 cond = float(self.calibration.probs(p[token]))
-                nodes.append(_Node(self.bridge.end_ids.get(token, token), parent, float(p[token]), path * cond))
+                nodes.append(_Node(token, parent, float(p[token]), path * cond))
             path = nodes[first].estimate
             if self.model.is_end(best[0]) or not self._worth_deeper(path, 1 + sum(n.estimate for n in nodes),
                                                                      len(chain) + 1):

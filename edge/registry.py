@@ -65,7 +65,14 @@ def check_drafter(name: str, corpus: bool = False) -> None:
         raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
 
 
+# (GGUF path, target tokenizer fingerprint) -> a vocabulary bridge to copy: building one reads both
+# vocabularies (~0.5 s), and a client makes a drafter per concurrent generation.
+_BRIDGES: dict[tuple[str, str], object] = {}
+
+
 def _model_drafter(model_name: str, max_nodes: int, tokenizer, eos_ids: list[int]) -> Drafter:
+    import copy
+
     from specedge.edge.draft_model import DraftModel
     from specedge.edge.draft_models import draft_model_path
     from specedge.edge.model_drafter import ModelDrafter
@@ -74,6 +81,13 @@ def _model_drafter(model_name: str, max_nodes: int, tokenizer, eos_ids: list[int
     if tokenizer is None:
         raise ValueError("a model drafter needs the target's tokenizer")
     model = DraftModel(draft_model_path(model_name))
-    backend = tokenizer.backend
-    ends = {t: backend.id_to_token(t) for t in eos_ids}
-    return ModelDrafter(model, bridge_between(model, backend, ends), max_nodes=max_nodes)
+    key = (str(model.path), tokenizer.fingerprint)
+    if key not in _BRIDGES:
+        backend = tokenizer.backend
+        _BRIDGES[key] = bridge_between(model, backend, {t: backend.id_to_token(t) for t in eos_ids})
+        if _BRIDGES[key].cross:
+            _BRIDGES[key].tokenize = None  # each copy tokenises with its own model; this one may go
+    bridge = copy.copy(_BRIDGES[key])  # begin() gives it its own state; the tables are shared, read-only
+    if bridge.cross:
+        bridge.tokenize = model.tokenize
+    return ModelDrafter(model, bridge, max_nodes=max_nodes)

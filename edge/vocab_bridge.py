@@ -60,9 +60,6 @@ def vocab_map(drafter_bytes: list[bytes | None], target_bytes: list[bytes | None
 class SameVocab:
     cross = False
 
-    def __init__(self, end_ids: dict[int, int]) -> None:
-        self.end_ids = end_ids  # the drafter's end tokens -> the target's (the same ids here)
-
     def begin(self, prompt_ids: list[int]) -> list[int]:
         self.ids = list(prompt_ids)
         return self.ids
@@ -199,10 +196,9 @@ def bridge_between(model, target: tokenizers.Tokenizer, target_ends: dict[int, s
 
     drafter_bytes = model.token_bytes()
     target_bytes = token_bytes(target)
+    if len(drafter_bytes) <= len(target_bytes) and all(
+            d is None or d == t for d, t in zip(drafter_bytes, target_bytes)):
+        return SameVocab()
     drafter_ends = {t: model.token_text(t) for t in range(model.vocab_size) if model.is_end(t)}
-    ends = end_map(drafter_ends, target_ends)
-    same = len(drafter_bytes) <= len(target_bytes) and all(
-        d is None or d == t for d, t in zip(drafter_bytes, target_bytes))
-    if same:
-        return SameVocab({d: d for d in ends})
-    return CrossVocab(drafter_bytes, target_bytes, target, model.tokenize, model.bos_id, ends)
+    return CrossVocab(drafter_bytes, target_bytes, target, model.tokenize, model.bos_id,
+                      end_map(drafter_ends, target_ends))
