@@ -49,12 +49,14 @@ def test_concurrent_verifications_share_one_step_and_keep_trees_that_pay():
 
 
 def test_a_step_waits_briefly_for_sessions_still_drafting_their_next_tree():
-    """The engine is slowed to 50 ms a step (a real engine; the sleep stands in for a larger model), and
+    """The engine is slowed to 200 ms a step (a real engine; the sleep stands in for a larger model), and
     one of two clients takes 3 ms to draft after each verdict, longer than the 1 ms gather window: it
-    must still share every step with the quick one instead of missing every other step."""
+    must still share every step with the quick one instead of missing every other step. (The scheduler
+    waits up to 10% of a step for it: 20 ms here, so a loaded machine's late thread wake-ups, several ms,
+    cannot decide the outcome, as they could with 50 ms steps and a 5 ms wait.)"""
     s = make(gather_ms=1)
     step = s.engine.step
-    s.engine.step = lambda work: (time.sleep(0.05), step(work))[1]
+    s.engine.step = lambda work: (time.sleep(0.2), step(work))[1]
     steps = []
     s.on_step = steps.append
     seqs = open_many(s, [[1, 2, 3], [4, 5, 6]])
