@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-BATCH = 512  # tokens per llama_decode call when feeding a prompt
+BATCH = 128  # tokens per llama_decode call when feeding a prompt (512 is no faster on one core)
 
 
 def llama_cpp_module():
@@ -90,6 +91,13 @@ class DraftModel:
     # --- running --------------------------------------------------------------------------------------
     def logits(self, tokens: list[int]) -> np.ndarray:
         """Next-token logits (float32, [vocab]) after exactly `tokens`; the cache ends up holding them."""
+        self.prefill(tokens)
+        return self._logits
+
+    def prefill(self, tokens: list[int], stop: Callable[[], bool] = lambda: False) -> bool:
+        """Make the cache hold exactly `tokens` and compute the logits after them, unless `stop()` turns
+        true between two batches: then the cache holds a prefix of `tokens` (which `logits` goes on from)
+        and this returns False."""
         if not tokens:
             raise ValueError("the draft model needs at least one token of context")
         if len(tokens) > self.context:
@@ -100,15 +108,17 @@ class DraftModel:
                 break
             keep += 1
         if keep == len(tokens) == len(self.tokens) and self._logits is not None:
-            return self._logits
+            return True
         keep = min(keep, len(tokens) - 1)  # the last token is fed again for its logits
         if keep < len(self.tokens):
             self._l.llama_memory_seq_rm(self._memory, 0, keep, -1)
             del self.tokens[keep:]
         self._logits = None
         for start in range(keep, len(tokens), BATCH):
+            if start > keep and stop():
+                return False
             self._decode(tokens[start : start + BATCH], start, last=start + BATCH >= len(tokens))
-        return self._logits
+        return True
 
     def _decode(self, chunk: list[int], position: int, last: bool) -> None:
         batch = self._batch

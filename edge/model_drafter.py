@@ -10,11 +10,18 @@ vocabularies share: TLI), renormalised; a node's children are drawn from it with
 
 Every node carries an acceptance estimate (its path probability under calibrated conditional
 probabilities, edge/calibration.py), so the controller sends only the nodes worth a pass.
+
+The drafter reads a new prompt in a background thread (llama.cpp runs without the GIL) while the verifier
+prefills it and the first rounds go out without model drafts: a long prompt's drafter prefill costs
+seconds on one core, and waiting for it would put all of them before the first token.
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,8 +53,10 @@ class _Node:
 
 class ModelDrafter:
     def __init__(self, model: DraftModel, bridge: SameVocab | CrossVocab, max_nodes: int = MAX_TREE_NODES,
-                 max_depth: int = 12, branch: int = 3, seed: int | None = None) -> None:
+                 max_depth: int = 12, branch: int = 3, seed: int | None = None,
+                 prefill_in_background: bool = True) -> None:
         self.model, self.bridge = model, bridge
+        self.prefill_in_background = prefill_in_background
         self.max_nodes, self.max_depth, self.branch = max_nodes, max_depth, branch
         self.calibration = Calibration()  # kept across generations: the edge keeps learning
         self.rng = np.random.default_rng(seed)
@@ -58,14 +67,51 @@ class ModelDrafter:
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
+        self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
+        self._stop_reading = threading.Event()
+        self._read_error: BaseException | None = None
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        self._stop_reader()  # the model is this generation's now; what was read of the last prompt stays cached
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
         self._root_logits = None
         self._prefilled = False
+        if self.prefill_in_background and self.context:
+            self._reader = threading.Thread(target=self._read, args=(list(self.context),), name="drafter-prefill",
+                                            daemon=True)  # a process may exit mid-read: _stop_readers_at_exit
+            self._reader.start()
+            _READING.add(self)
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Wait (up to `timeout` seconds) until the prompt is read; True when it is."""
+        if self._reader is not None:
+            self._reader.join(timeout)
+            if self._reader.is_alive():
+                return False
+            self._reader = None
+        if self._read_error is not None:
+            error, self._read_error = self._read_error, None
+            raise error
+        return True
+
+    def _read(self, tokens: list[int]) -> None:
+        try:
+            self.model.prefill(tokens, self._stop_reading.is_set)
+        except BaseException as e:  # raised in the generation's thread, by ready()
+            self._read_error = e
+
+    def _stop_reader(self) -> None:
+        if self._reader is not None:
+            self._stop_reading.set()
+            self._reader.join()
+            self._reader = None
+            self._stop_reading.clear()
+        self._read_error = None
 
     def propose(self) -> DraftTree:
+        if not self.ready(timeout=0):
+            return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
         if not self.context or (self.bridge.cross and self.bridge.pending):
             return DraftTree.empty()
         if self.params.greedy:
@@ -238,6 +284,17 @@ class ModelDrafter:
         if proposals is not None:
             tree.proposals = {(where[p] if p >= 0 else -1): q for p, q in proposals.items() if p < 0 or p in where}
         return tree
+
+
+_READING: weakref.WeakSet[ModelDrafter] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_readers_at_exit() -> None:
+    """Stop reading prompts (within one batch) before the interpreter goes: a daemon thread inside
+    llama.cpp would otherwise come back to a finalised interpreter."""
+    for drafter in list(_READING):
+        drafter._stop_reader()
 
 
 def _most_likely(p: np.ndarray, k: int) -> list[int]:

@@ -5,6 +5,8 @@ in test_greedy_equality.py (kinds model_same and model_cross)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from specedge.cloud.model_registry import eos_token_ids
 from specedge.cloud.sampling import target_probs
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
+from specedge.edge.draft_model import BATCH as BATCH_TOKENS
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
 from specedge.edge.registry import make_drafter
@@ -35,17 +38,46 @@ def test_rollback_gives_the_logits_of_a_fresh_model(name):
     model = DraftModel(draft_model_path(name), context=2048)
     rng = np.random.default_rng(0)
     text = rng.integers(100, 5000, size=900).tolist()
+    keep = 5 * BATCH_TOKENS  # past the window; a batch boundary, so a fresh model can be fed the same pieces
     model.logits(text[:800])
-    rolled_back = model.logits(text[:700] + text[850:900])  # drop 100 positions, feed 50 others
-    assert model.tokens == text[:700] + text[850:900]
+    rolled_back = model.logits(text[:keep] + text[850:900])  # drop the positions after keep, feed 50 others
+    assert model.tokens == text[:keep] + text[850:900]
     fresh = DraftModel(draft_model_path(name), context=2048)
-    fresh.logits(text[:700])
-    assert np.array_equal(rolled_back, fresh.logits(text[:700] + text[850:900]))
+    fresh.logits(text[:keep])
+    assert np.array_equal(rolled_back, fresh.logits(text[:keep] + text[850:900]))
     kept = DraftModel(draft_model_path(name), context=2048)  # the dropped positions still in the cache
     kept.logits(text[:800])
     assert np.abs(kept.logits(text[:800] + text[850:900]) - rolled_back).max() > 1.0
-    again = model.logits(text[:700] + text[850:900])  # nothing new to feed: the same logits, no forward
+    again = model.logits(text[:keep] + text[850:900])  # nothing new to feed: the same logits, no forward
     assert np.array_equal(again, rolled_back)
+
+
+def test_a_stopped_prefill_leaves_a_prefix_that_logits_goes_on_from():
+    model = DraftModel(draft_model_path("smollm2-135m"), context=2048)
+    tokens = np.random.default_rng(1).integers(100, 5000, size=3 * BATCH_TOKENS).tolist()
+    assert not model.prefill(tokens, stop=lambda: True)  # one batch goes in before the first check
+    assert model.tokens == tokens[:BATCH_TOKENS]
+    fresh = DraftModel(draft_model_path("smollm2-135m"), context=2048)
+    assert np.array_equal(model.logits(tokens), fresh.logits(tokens))
+
+
+def test_the_first_rounds_go_without_model_drafts_while_the_drafter_reads_the_prompt(real_model):
+    hf, tokenizer = real_model("gemma3-270m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    gate, read = threading.Event(), drafter.model.prefill
+
+    def gated_prefill(tokens, stop=lambda: False):  # the prompt is read only once the test opens the gate
+        gate.wait()
+        return read(tokens, stop)
+
+    drafter.model.prefill = gated_prefill
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    assert not drafter.ready(timeout=0)
+    assert len(drafter.propose()) == 0
+    gate.set()
+    assert drafter.ready(timeout=60)
+    assert len(drafter.propose()) > 0
 
 
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
@@ -91,6 +123,7 @@ def test_sampled_drafts_keep_the_target_distribution(real_model, target, drafter
     first, pairs, top = _pair_probs(hf, prompt, params, firsts=12)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=1 << 30)
     drafter.begin(prompt, params)
+    assert model.ready(timeout=60)
     seen = np.zeros((TRIALS, 2), dtype=np.int64)
     with_proposals = mixed = 0
     for start in range(0, TRIALS, BATCH):
@@ -131,6 +164,7 @@ def test_what_a_sampled_draft_sends_never_depends_on_what_was_drawn(real_model):
     drafter = make_drafter("model:smollm2-135m", tokenizer=EdgeTokenizer.from_transformers(tokenizer),
                            eos_ids=eos_token_ids(hf), max_nodes=8)
     drafter.begin(EdgeTokenizer.from_transformers(tokenizer).encode(PROMPT), SamplingParams(temperature=1.0))
+    assert drafter.ready(timeout=60)
     shapes, tokens = set(), set()
     for seed in range(20):
         drafter.rng = np.random.default_rng(seed)
