@@ -69,12 +69,29 @@ class DraftModel:
             out.append(buf.raw[:n] if n >= 0 else None)
         return out
 
-    def tokenize(self, text: str, add_bos: bool = False) -> list[int]:
+    def tokenize(self, text: str, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Token ids of `text`; with `special`, control tokens' texts in it ("<|im_start|>") are those tokens."""
         raw = text.encode("utf-8")
         size = len(raw) + 8
         buf = (self._l.llama_token * size)()
-        n = self._l.llama_tokenize(self._vocab, raw, len(raw), buf, size, add_bos, False)
+        n = self._l.llama_tokenize(self._vocab, raw, len(raw), buf, size, add_bos, special)
         return list(buf[:n])
+
+    @property
+    def chat_template(self) -> str | None:
+        """The GGUF's chat template (jinja), if it has one."""
+        template = self._l.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8") if template else None
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """The texts of BOS and EOS, under the names chat templates know them by."""
+        out = {}
+        for name, token in (("bos_token", self._l.llama_vocab_bos(self._vocab)),
+                            ("eos_token", self._l.llama_vocab_eos(self._vocab))):
+            if token >= 0:
+                out[name] = self.token_text(token)
+        return out
 
     @property
     def bos_id(self) -> int | None:

@@ -84,7 +84,8 @@ def _model_drafter(model_name: str, max_nodes: int, tokenizer, eos_ids: list[int
     key = (str(model.path), tokenizer.fingerprint)
     if key not in _BRIDGES:
         backend = tokenizer.backend
-        _BRIDGES[key] = bridge_between(model, backend, {t: backend.id_to_token(t) for t in eos_ids})
+        _BRIDGES[key] = bridge_between(model, backend, {t: backend.id_to_token(t) for t in eos_ids},
+                                       tokenizer.render_chat if tokenizer.chat_template else None)
         if _BRIDGES[key].cross:
             _BRIDGES[key].tokenize = None  # each copy tokenises with its own model; this one may go
     bridge = copy.copy(_BRIDGES[key])  # begin() gives it its own state; the tables are shared, read-only

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import tokenizers
 
@@ -54,8 +54,7 @@ class EdgeTokenizer:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; run without --chat")
-        return self._template.render(messages=[dict(m) for m in messages], tools=None, documents=None,
-                                     add_generation_prompt=add_generation_prompt, **self.special_tokens)
+        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt)
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of `prompt`: the default encoding, or the chat template with one user turn."""
@@ -67,10 +66,6 @@ class EdgeTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if self.clean_up_spaces else text
-
-    @cached_property
-    def _template(self):
-        return _jinja_environment().from_string(self.chat_template)
 
 
 def stop_at_strings(tokenizer: EdgeTokenizer, stops: Sequence[str]) -> Callable[[list[int]], int | None]:
@@ -86,6 +81,18 @@ def stop_at_strings(tokenizer: EdgeTokenizer, stops: Sequence[str]) -> Callable[
         return len(output_ids)
 
     return check
+
+
+def render_chat(template: str, messages: list[dict], special_tokens: dict[str, str],
+                add_generation_prompt: bool = True) -> str:
+    """`messages` rendered by a chat template (jinja), as transformers' `apply_chat_template` renders them."""
+    return _compiled(template).render(messages=[dict(m) for m in messages], tools=None, documents=None,
+                                      add_generation_prompt=add_generation_prompt, **special_tokens)
+
+
+@lru_cache(maxsize=8)
+def _compiled(template: str):
+    return _jinja_environment().from_string(template)
 
 
 def _jinja_environment():

@@ -5,7 +5,8 @@ model").
 - `CrossVocab`: everything goes through the tokens' true bytes (edge/token_bytes.py):
   * the drafter's context is its own tokenisation of the committed text, resynchronised after every
     verdict from the last few tokens on (so a word the target split differently is re-merged), never by
-    re-splitting the target's committed ids, which are fixed;
+    re-splitting the target's committed ids, which are fixed; a chat prompt is the same conversation in
+    the drafter's own chat template, when both models have one (edge/chat_turns.py);
   * SLEM (greedy): drafted text, trimmed to whole UTF-8 characters, becomes target ids by the target's own
     tokenizer, standalone and in the context of the committed text's tail (the two are sibling branches
     when they differ); the verifier's exact match does the rest;
@@ -15,10 +16,13 @@ model").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import tokenizers
+
+from specedge.edge.chat_turns import Render, conversation_of
 
 LOOKBEHIND_TOKENS = 2  # drafter tokens re-tokenised after each verdict: boundary merges reach this far back
 LOOKBEHIND_CHARS = 16  # committed text the target re-tokenises a draft behind
@@ -73,11 +77,13 @@ class CrossVocab:
     cross = True
 
     def __init__(self, drafter_bytes: list[bytes | None], target_bytes: list[bytes | None],
-                 target: tokenizers.Tokenizer, tokenize, bos_id: int | None, end_ids: dict[int, int]) -> None:
+                 target: tokenizers.Tokenizer, tokenize: Callable[..., list[int]], bos_id: int | None,
+                 end_ids: dict[int, int], chat: tuple[Render, Render] | None = None) -> None:
         self.drafter_bytes = drafter_bytes
         self.target_bytes = target_bytes
         self.target = target
-        self.tokenize = tokenize  # text -> drafter ids (no BOS)
+        self.tokenize = tokenize  # (text, special=False) -> drafter ids (no BOS)
+        self.chat = chat  # the target's chat template and the drafter's, as renderers
         self.bos = [] if bos_id is None else [bos_id]
         self.end_ids = end_ids  # drafter end-of-turn/EOS ids -> the target's
         self.shared = vocab_map(drafter_bytes, target_bytes)
@@ -91,11 +97,23 @@ class CrossVocab:
 
     # --- the drafter's context ----------------------------------------------------------------------
     def begin(self, prompt_ids: list[int]) -> list[int]:
-        self.committed = b""
-        self.ids = list(self.bos)
-        self.ends = [0] * len(self.bos)  # committed bytes covered after each drafter id
-        self._checked = len(self.bos)
-        return self.commit(prompt_ids)
+        conversation = self._in_own_template(prompt_ids)
+        self.committed = b""  # the prompt's text too, unless it is a conversation in the drafter's template
+        self.ids = list(self.bos) if conversation is None else conversation
+        self.ends = [0] * len(self.ids)  # committed bytes covered after each drafter id
+        self._fixed = self._checked = len(self.ids)  # ids before _fixed are never re-tokenised
+        return self.ids if conversation is not None else self.commit(prompt_ids)
+
+    def _in_own_template(self, prompt_ids: list[int]) -> list[int] | None:
+        """A chat prompt's conversation rendered by the drafter's template, in drafter ids."""
+        if self.chat is None:
+            return None
+        target_template, drafter_template = self.chat
+        turns = conversation_of(self.target.decode(prompt_ids, skip_special_tokens=False), target_template)
+        if turns is None:
+            return None
+        ids = self.tokenize(drafter_template(turns), special=True)
+        return ids if ids[:1] == self.bos else self.bos + ids
 
     def commit(self, target_ids: list[int]) -> list[int]:
         """Append the target's newly committed ids; returns the drafter's context for what is committed."""
@@ -104,9 +122,9 @@ class CrossVocab:
         while keep < len(self.ids) and self.ends[keep] <= len(self.committed) and \
                 self._bytes_of(keep) == self.committed[self.ends[keep] - len(self._bytes_of(keep)) : self.ends[keep]]:
             keep += 1
-        keep = max(len(self.bos), keep - LOOKBEHIND_TOKENS)
+        keep = max(self._fixed, keep - LOOKBEHIND_TOKENS)
         # Re-tokenise from a character boundary: a drafter token may end inside a character.
-        while keep > len(self.bos) and self._inside_character(self.ends[keep - 1]):
+        while keep > self._fixed and self._inside_character(self.ends[keep - 1]):
             keep -= 1
         start = self.ends[keep - 1] if keep > 0 else 0
         del self.ids[keep:], self.ends[keep:]
@@ -189,10 +207,13 @@ def end_map(drafter_ends: dict[int, str], target_ends: dict[int, str]) -> dict[i
     return {d: target_turn if text in END_OF_TURN else first for d, text in drafter_ends.items()}
 
 
-def bridge_between(model, target: tokenizers.Tokenizer, target_ends: dict[int, str]) -> SameVocab | CrossVocab:
+def bridge_between(model, target: tokenizers.Tokenizer, target_ends: dict[int, str],
+                   target_template: Render | None = None) -> SameVocab | CrossVocab:
     """SameVocab when every token of the drafter (a DraftModel) has the target's bytes under the same id,
-    else CrossVocab. `target_ends`: the target's end-of-generation ids and their texts."""
+    else CrossVocab. `target_ends`: the target's end-of-generation ids and their texts; `target_template`
+    renders a conversation as the target's chat prompts are rendered."""
     from specedge.edge.token_bytes import token_bytes
+    from specedge.edge.tokenizer import render_chat
 
     drafter_bytes = model.token_bytes()
     target_bytes = token_bytes(target)
@@ -200,5 +221,9 @@ def bridge_between(model, target: tokenizers.Tokenizer, target_ends: dict[int, s
             d is None or d == t for d, t in zip(drafter_bytes, target_bytes)):
         return SameVocab()
     drafter_ends = {t: model.token_text(t) for t in range(model.vocab_size) if model.is_end(t)}
+    chat = None
+    if target_template is not None and (template := model.chat_template) is not None:
+        special = model.special_tokens
+        chat = (target_template, lambda turns: render_chat(template, turns, special))
     return CrossVocab(drafter_bytes, target_bytes, target, model.tokenize, model.bos_id,
-                      end_map(drafter_ends, target_ends))
+                      end_map(drafter_ends, target_ends), chat)

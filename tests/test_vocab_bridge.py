@@ -15,7 +15,8 @@ from specedge.cloud.model_registry import resolve_model_dir
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
 from specedge.edge.token_bytes import token_bytes
-from specedge.edge.vocab_bridge import CrossVocab, complete_utf8, end_map, vocab_map
+from specedge.edge.tokenizer import render_chat
+from specedge.edge.vocab_bridge import CrossVocab, bridge_between, complete_utf8, end_map, vocab_map
 
 pytestmark = pytest.mark.real_model
 
@@ -171,3 +172,22 @@ def test_end_of_turn_maps_to_end_of_turn():
     assert end_map(drafter_ends, {1: "<eos>", 106: "<end_of_turn>"}) == {0: 1, 2: 106}
     assert end_map(drafter_ends, {1: "<eos>"}) == {0: 1, 2: 1}
     assert end_map(drafter_ends, {}) == {}
+
+
+def test_a_chat_prompt_reaches_the_drafter_in_its_own_template(drafter, target):
+    """A Gemma-turns prompt becomes the same conversation in SmolLM2's ChatML (its GGUF's template); what
+    the target then commits follows it as text; a plain prompt stays text."""
+    from tests.test_chat_turns import renderer
+
+    gemma = renderer("gemma")
+    bridge = bridge_between(drafter, target, {}, target_template=gemma)
+    conversation = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+                    {"role": "user", "content": "Another one, please."}]
+    own = render_chat(drafter.chat_template, conversation, drafter.special_tokens)
+    assert own.startswith("<|im_start|>") and "<start_of_turn>" not in own
+    context = list(bridge.begin(target.encode(gemma(conversation), add_special_tokens=False).ids))
+    assert context == drafter.tokenize(own, special=True)
+    assert bridge.commit(target.encode("Green, like grass", add_special_tokens=False).ids) == \
+        context + drafter.tokenize("Green, like grass")
+    assert bridge.begin(target.encode("Once upon a time", add_special_tokens=False).ids) == \
+        drafter.tokenize("Once upon a time")
