@@ -11,12 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
+from specedge.bench.hf_baselines import HF_BASELINES, HFBaselines
 from specedge.bench.report import plot_serving, plot_speedup, progress_reporter, write_results
 from specedge.bench.specbench import Prompt
 from specedge.bench.workloads import load_prompts
@@ -46,9 +47,9 @@ class Methods:
         from specedge.cloud.model_registry import eos_token_ids
         from specedge.edge.tokenizer import EdgeTokenizer
 
-        self.args, self.hf, self.hf_tokenizer, self.engine = args, hf, hf_tokenizer, engine
+        self.args, self.engine = args, engine
         self.tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
-        self._assistants: dict[str, tuple] = {}
+        self.hf_baselines = HFBaselines(hf, hf_tokenizer, args.model, args.drafting_model)
         self.verifier = LocalVerifier(engine)
         self.eos = eos_token_ids(hf)
         self.store = store
@@ -103,30 +104,8 @@ class Methods:
         return r.token_ids, r.wall_s, r.ttft_s, r.rounds, r.draft_ms, r.tree_sizes
 
     def _hf(self, method: str, ids: list[int]):
-        import torch
-
-        x = torch.tensor([ids])
-        extra = {"prompt_lookup_num_tokens": 10} if method == "hf-pld" else {}
-        if method == "hf-assisted":  # same vocabulary: the target's own model assists (transformers runs it in
-            extra = {"assistant_model": self._assistant(self.args.model)[0]}  # fp32, not quantised)
-        elif method == "hf-uag":  # universal assisted generation: another vocabulary
-            assistant, assistant_tokenizer = self._assistant(self.args.drafting_model)
-            extra = {"assistant_model": assistant, "tokenizer": self.hf_tokenizer,
-                     "assistant_tokenizer": assistant_tokenizer}
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = self.hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
-                                   max_new_tokens=self.args.max_new_tokens, **extra)
-        wall = time.perf_counter() - start
-        return out[0, len(ids) :].tolist(), wall, None, None, [], []
-
-
-    def _assistant(self, name: str) -> tuple:
-        from specedge.cloud.model_registry import load_model
-
-        if name not in self._assistants:
-            self._assistants[name] = load_model(name)
-        return self._assistants[name]
+        tokens, wall = self.hf_baselines.run(method, ids, self.args.max_new_tokens)
+        return tokens, wall, None, None, [], []
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -139,7 +118,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return SystemExit(f"specedge bench: {msg}")
 
     serving = (args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or "server-ar" in args.baselines.split(",")
-               or bool(args.netem))
+               or bool(args.netem) or bool(args.pin_cores))
     if args.netem:
         from specedge.netem.proxy import parse_conditions
 
@@ -157,6 +136,7 @@ def run_bench(args: argparse.Namespace) -> int:
         engine = Engine.from_hf_model(hf, kv_pool_bytes=args.kv_pool_mb << 20)
         if serving:
             _check_serving_args(args, store)
+            local = _in_process_baselines(args, hf, hf_tokenizer)
         else:
             methods = Methods(args, hf, hf_tokenizer, engine, store)
             names = methods.names()
@@ -170,7 +150,7 @@ def run_bench(args: argparse.Namespace) -> int:
         def check(method, prompt, ids, want, got):
             check_greedy_match(engine, method, prompt, ids, want, got)
 
-        rows = serving_rows(args, prompts, encoded, eos_token_ids(hf), check)
+        rows = serving_rows(args, prompts, encoded, eos_token_ids(hf), check, tokenizer, local)
         write_results(args, rows, store)
         plot_serving(rows, args.out)
         return 0
@@ -226,19 +206,56 @@ def _run_against_server(args: argparse.Namespace) -> int:
         raise SystemExit(f"specedge bench: {method} output differs from server-ar on {prompt.category}/{prompt.id} "
                          f"at token {at}: speculative decoding must be lossless")
 
-    rows = serving_rows(args, prompts, encoded, eos, check)
+    rows = serving_rows(args, prompts, encoded, eos, check, tokenizer)
     write_results(args, rows, None)
     plot_serving(rows, args.out)
     return 0
 
 
 def _check_serving_args(args, store) -> None:
-    unknown = set(b for b in args.baselines.split(",") if b) - {"ar", "server-ar"}
+    in_process = set() if args.server else set(HF_BASELINES)
+    unknown = set(b for b in args.baselines.split(",") if b) - {"ar", "server-ar"} - in_process
     if unknown:
-        raise ValueError(f"in gRPC mode (--concurrency/--rtt-ms/server-ar) the baseline is server-ar; "
-                         f"{sorted(unknown)} run in-process only")
+        raise ValueError(f"in gRPC mode (--concurrency/--rtt-ms/--pin-cores/server-ar) the baselines are server-ar"
+                         f"{' and hf-*' if in_process else ''}; {sorted(unknown)} run in-process only")
+    if in_process & set(args.baselines.split(",")) and "1" not in str(args.concurrency).split(","):
+        raise ValueError("transformers' baselines run one generation at a time: include 1 in --concurrency")
     if store is not None:
         raise ValueError("--corpus is not supported in gRPC mode yet")
+    if args.pin_cores:
+        cores = args.pin_cores.split(",")
+        if len(cores) != 2 or not all(c.isdigit() for c in cores) or cores[0] == cores[1] or \
+                not {int(c) for c in cores} <= os.sched_getaffinity(0):
+            raise ValueError(f"--pin-cores takes two different cores of this machine as EDGE,VERIFIER "
+                             f"(available: {sorted(os.sched_getaffinity(0))}); got {args.pin_cores!r}")
+        if args.server:
+            raise ValueError("--pin-cores starts its own verifier: leave out --server")
+
+
+def _in_process_baselines(args, hf, hf_tokenizer):
+    """(method, ids) -> (tokens, wall s) for transformers' baselines; with --pin-cores this process moves to
+    the edge core now, and to both cores (two threads) while a baseline runs."""
+    import torch
+
+    baselines = HFBaselines(hf, hf_tokenizer, args.model, args.drafting_model)
+    if not args.pin_cores:
+        return lambda method, ids: baselines.run(method, ids, args.max_new_tokens)
+    from specedge.bench.serving import pinned_cores
+
+    edge, verifier = pinned_cores(args.pin_cores)
+    os.sched_setaffinity(0, edge)
+    torch.set_num_threads(1)
+
+    def run(method: str, ids: list[int]):
+        os.sched_setaffinity(0, edge | verifier)
+        torch.set_num_threads(2)
+        try:
+            return baselines.run(method, ids, args.max_new_tokens)
+        finally:
+            os.sched_setaffinity(0, edge)
+            torch.set_num_threads(1)
+
+    return run
 
 
 def summarize(runs: list[Run], names: list[str], args) -> list[dict]:

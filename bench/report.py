@@ -26,8 +26,9 @@ def markdown(rows: list[dict]) -> str:
     cols = ["method", "category", "n_prompts", "tokens_per_s", "speedup", "decode_speedup", "mean_accepted",
             "draft_ms", "tree_size", "ttft_ms"]
     if rows and "kv_peak_bytes" in rows[0]:
-        cols = ["method", "concurrency", "rtt_ms", "n_prompts", "tokens_per_s", "speedup", "mean_accepted",
-                "draft_ms", "tree_size", "kv_peak_bytes"]
+        cols = ["method", "category", "concurrency", "rtt_ms", "n_prompts", "tokens_per_s", "speedup", "baseline",
+                "mean_accepted", "passes_per_token", "verifier_ms_per_token", "draft_ms", "tree_size",
+                "kv_peak_bytes"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("–" if r[c] is None else str(r[c]) for c in cols) + " |")
@@ -63,6 +64,7 @@ def plot_serving(rows: list[dict], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    rows = [r for r in rows if r["category"] == "all" and r["rtt_ms"] is not None]  # not the in-process baselines
     for (method, rtt) in dict.fromkeys((r["method"], r["rtt_ms"]) for r in rows):
         pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows if r["method"] == method and r["rtt_ms"] == rtt)
         ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=f"{method} (rtt {rtt:g} ms)")

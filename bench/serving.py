@@ -55,11 +55,15 @@ class JobResult:
     rounds: int | None
     draft_ms: list[float]
     tree_sizes: list[int]
+    wall_s: float = 0.0
+    verifier_s: float | None = None  # the verifier's engine time on this job (one client at a time only)
+    passes: int | None = None  # the verifier's engine steps on this job (likewise)
 
 
-def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurrency: int, rtt_ms: float,
+def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rtt_ms: float,
               max_new_tokens: int, eos: list[int], make_drafter, max_tree: int) -> tuple[list[JobResult], float]:
-    """All jobs through `concurrency` client threads -> (results, wall seconds)."""
+    """All jobs through `concurrency` client threads -> (results, wall seconds). With one client, each job's
+    verifier time and passes are read from the verifier's metrics (where it has them)."""
     from specedge.edge.controller import TreeSizeController
     from specedge.edge.generation import generate
     from specedge.edge.transport import RemoteVerifier
@@ -70,8 +74,14 @@ def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurre
     next_job = iter(range(len(jobs)))
     errors: list[BaseException] = []
 
+    def engine_time() -> tuple[float, float] | None:
+        if concurrency != 1:
+            return None
+        seconds, steps = verifier.metric("specedge_step_seconds_sum"), verifier.metric("specedge_step_seconds_count")
+        return None if seconds is None else (seconds, steps)
+
     def worker() -> None:
-        verifier = RemoteVerifier(verifier_target)
+        client = RemoteVerifier(verifier.target)
         drafter = make_drafter() if method != "server-ar" else None
         controller = TreeSizeController(max_tree)
         try:
@@ -80,20 +90,24 @@ def run_level(verifier_target: str, method: str, jobs: list[list[int]], concurre
                     i = next(next_job, None)
                 if i is None:
                     return
+                before, start = engine_time(), time.perf_counter()
                 if method == "server-ar":
                     time.sleep(rtt_ms / 1e3)  # the request goes out, the first tokens come back
-                    tokens = [t for chunk in verifier.server_generate(jobs[i], params) for t in chunk]
+                    tokens = [t for chunk in client.server_generate(jobs[i], params) for t in chunk]
                     r = JobResult(i, tokens, None, [], [])
                 else:
-                    session = DelayedSession(verifier.open(jobs[i], params), rtt_ms)
+                    session = DelayedSession(client.open(jobs[i], params), rtt_ms)
                     g = generate(session, eos, drafter, controller if drafter is not None else None)
                     r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes)
+                r.wall_s = time.perf_counter() - start
+                if before is not None and (after := engine_time()) is not None:
+                    r.verifier_s, r.passes = after[0] - before[0], int(after[1] - before[1])
                 with lock:
                     results.append(r)
         except BaseException as e:  # reported by the caller
             errors.append(e)
         finally:
-            verifier.close()
+            client.close()
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     start = time.perf_counter()
@@ -117,65 +131,110 @@ class RunningVerifier:
         return None
 
 
-def serving_rows(args, prompts, encoded, eos: list[int], check) -> list[dict]:
-    """Rows for every (method, concurrency, rtt) level; `check(method, prompt, ids, want, got)` raises on a
-    greedy mismatch."""
+def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, local=None) -> list[dict]:
+    """Rows for every (method, concurrency, rtt) level, and with one client per category too;
+    `check(method, prompt, ids, want, got)` raises on a greedy mismatch. `local(method, ids)` -> (tokens,
+    wall s) runs the in-process baselines (transformers'), once per repetition, with one client only."""
+    from specedge.bench.hf_baselines import HF_BASELINES
     from specedge.edge.registry import make_drafter
-    from specedge.edge.transport import RemoteVerifier
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]
     drafters = [d for d in args.drafters.split(",") if d]
+    in_process = [b for b in args.baselines.split(",") if b in HF_BASELINES]
     methods = ["server-ar", *drafters]
     rows = []
     serve_args = ["--model", args.model, "--kv-pool-mb", str(args.kv_pool_mb), "--max-batch-tokens",
                   str(args.max_batch_tokens), "--max-tree-tokens", str(max(args.max_tree, 1)),
                   "--max-sessions-per-client", "1024", "--grace-s", "0"]
+    if args.pin_cores:
+        serve_args += ["--threads", "1"]
     warm_up = SamplingParams(max_new_tokens=8)
+
+    def new_drafter(method: str):
+        return make_drafter(method, None, max_nodes=args.max_tree, tokenizer=tokenizer, eos_ids=eos)
+
     for concurrency in levels:
         jobs = [encoded[i % len(encoded)] for i in range(max(len(encoded), concurrency))]
-        for rtt in rtts:
+        for level, rtt in enumerate(rtts):
             per_method: dict[str, list[tuple[float, float, list[JobResult]]]] = {m: [] for m in methods}
+            local_methods = in_process if concurrency == 1 and level == 0 and local is not None else []
+            for m in local_methods:
+                per_method[m] = []
             for rep in range(args.reps):
                 for method in methods:
                     with _verifier(args, serve_args) as verifier:
+                        from specedge.edge.transport import RemoteVerifier
+
                         warm = RemoteVerifier(verifier.target)
                         list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
                         warm.close()
-                        results, wall = run_level(
-                            verifier.target, method, jobs, concurrency, rtt, args.max_new_tokens, eos,
-                            lambda: make_drafter(method, None, max_nodes=args.max_tree), args.max_tree)
+                        results, wall = run_level(verifier, method, jobs, concurrency, rtt, args.max_new_tokens,
+                                                  eos, lambda m=method: new_drafter(m), args.max_tree)
                         peak = verifier.metric("specedge_kv_peak_bytes")
                     per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
                     kv = "" if peak is None else f", KV peak {peak / 2**20:.1f} MiB"
                     print(f"[serving] concurrency {concurrency} rtt {rtt:g} ms rep {rep + 1} {method}: "
                           f"{per_method[method][-1][0]:.1f} tokens/s{kv}", flush=True)
+                for method in local_methods:
+                    results = []
+                    for i, ids in enumerate(jobs):
+                        tokens, wall = local(method, ids)
+                        results.append(JobResult(i, tokens, None, [], [], wall_s=wall))
+                    tps = sum(len(r.tokens) for r in results) / sum(r.wall_s for r in results)
+                    per_method[method].append((tps, None, results))
+                    print(f"[in-process] rep {rep + 1} {method}: {tps:.1f} tokens/s", flush=True)
             reference = {r.prompt: r.tokens for r in per_method["server-ar"][0][2]}
-            for method in drafters:
+            for method in [*drafters, *local_methods]:
                 for _, _, results in per_method[method]:
                     for r in results:
                         if r.tokens != reference[r.prompt]:
                             p = prompts[r.prompt % len(prompts)]
                             check(method, p, jobs[r.prompt], reference[r.prompt], r.tokens)
-            base = [tps for tps, _, _ in per_method["server-ar"]]
-            for method in methods:
-                runs = per_method[method]
-                every = [r for _, _, results in runs for r in results]
-                rounds = [r.rounds for r in every if r.rounds]
-                drafts = [ms for r in every for ms in r.draft_ms]
-                sizes = [s for r in every for s in r.tree_sizes]
-                rows.append({
-                    "method": method, "category": "all", "n_prompts": len(jobs), "concurrency": concurrency,
-                    "rtt_ms": rtt, "tokens_per_s": round(statistics.median(t for t, _, _ in runs), 3),
-                    "speedup": round(statistics.median(t / b for (t, _, _), b in zip(runs, base)), 3),
-                    "mean_accepted": round(sum(len(r.tokens) for r in every if r.rounds) / sum(rounds), 3)
-                    if rounds else None,
-                    "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
-                    "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
-                    "kv_peak_bytes": None if runs[0][1] is None else int(max(peak for _, peak, _ in runs)),
-                    "baseline": "server-ar", "reps": args.reps,
-                })
+            categories = [prompts[i % len(prompts)].category for i in range(len(jobs))]
+            groups = [*dict.fromkeys(categories), "all"] if concurrency == 1 else ["all"]
+            for group in groups:
+                wanted = {i for i, c in enumerate(categories) if group in ("all", c)}
+                for method in [*methods, *local_methods]:
+                    base = "hf-ar" if method in local_methods and "hf-ar" in local_methods else "server-ar"
+                    rows.append(_row(method, group, wanted, per_method[method], per_method[base], concurrency,
+                                     rtt if method not in local_methods else None, args.reps, base))
     return rows
+
+
+def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurrency: int, rtt: float | None,
+         reps: int, base: str) -> dict:
+    """One row: medians over repetitions of tokens/s (of the level's wall time for all jobs at once, of the
+    jobs' own times for one category), speedup over `base` in the same repetition."""
+
+    def tps(level_tps: float, results: list[JobResult]) -> float:
+        if category == "all" and concurrency > 1:
+            return level_tps
+        mine = [r for r in results if r.prompt in wanted]
+        return sum(len(r.tokens) for r in mine) / sum(r.wall_s for r in mine)
+
+    rates = [tps(t, results) for t, _, results in runs]
+    base_rates = [tps(t, results) for t, _, results in base_runs]
+    every = [r for _, _, results in runs for r in results if r.prompt in wanted]
+    tokens = sum(len(r.tokens) for r in every)
+    rounds = [r.rounds for r in every if r.rounds]
+    drafts = [ms for r in every for ms in r.draft_ms]
+    sizes = [s for r in every for s in r.tree_sizes]
+    metered = [r for r in every if r.verifier_s is not None]
+    metered_tokens = sum(len(r.tokens) for r in metered)
+    return {
+        "method": method, "category": category, "n_prompts": len(wanted), "concurrency": concurrency,
+        "rtt_ms": rtt, "tokens_per_s": round(statistics.median(rates), 3),
+        "speedup": round(statistics.median(t / b for t, b in zip(rates, base_rates)), 3),
+        "mean_accepted": round(tokens / sum(rounds), 3) if rounds else None,
+        "passes_per_token": round(sum(r.passes for r in metered) / metered_tokens, 3) if metered_tokens else None,
+        "verifier_ms_per_token": round(1e3 * sum(r.verifier_s for r in metered) / metered_tokens, 2)
+        if metered_tokens else None,
+        "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
+        "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
+        "kv_peak_bytes": None if runs[0][1] is None else int(max(peak for _, peak, _ in runs)),
+        "baseline": base, "reps": reps,
+    }
 
 
 @contextlib.contextmanager
@@ -186,7 +245,7 @@ def _verifier(args, serve_args: list[str]):
     else:
         from specedge.cloud.launch import VerifierProcess
 
-        verifier = VerifierProcess(*serve_args)
+        verifier = VerifierProcess(*serve_args, cpus=pinned_cores(args.pin_cores)[1] if args.pin_cores else None)
     with verifier as v:
         if not args.netem:
             yield v
@@ -206,3 +265,9 @@ class _Behind:
 
     def metric(self, name: str):
         return self.verifier.metric(name)
+
+
+def pinned_cores(spec: str) -> tuple[set[int], set[int]]:
+    """--pin-cores EDGE,VERIFIER -> ({edge core}, {verifier core})."""
+    edge, _, verifier = spec.partition(",")
+    return {int(edge)}, {int(verifier)}

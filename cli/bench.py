@@ -50,6 +50,10 @@ def add_parser(commands) -> None:
     b.add_argument("--netem", default=None, metavar="delay_ms=20,jitter_ms=5,...",
                    help="gRPC mode: reach the verifier through the network-emulating proxy with these conditions "
                    "(fields of `specedge proxy`: delay_ms, jitter_ms, bandwidth_mbps, reset_probability, ...)")
+    b.add_argument("--pin-cores", default=None, metavar="EDGE,VERIFIER",
+                   help="gRPC mode with the edge (this process, drafting model included) on core EDGE and the "
+                   "verifier on core VERIFIER, one thread each, standing for two machines; transformers' "
+                   "baselines (hf-*) then run here on both cores with two threads")
     b.add_argument("--max-batch-tokens", type=int, default=ServerConfig.max_batch_tokens,
                    help="the verifier's per-step token budget (gRPC mode)")
     # Twice a verifier's default: sixteen clients with ~1,000-token prompts need ~300 MiB (BENCHMARKS.md).

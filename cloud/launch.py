@@ -5,6 +5,7 @@ a child process (benchmarks of serving)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import subprocess
@@ -181,7 +182,9 @@ class ServiceProcess:
     """A `specedge` service (`serve`, `router`) as a child process on loopback ports, as it runs in a
     deployment: its own interpreter and GIL, apart from the clients. For benchmarks and tests."""
 
-    def __init__(self, command: str, *args: str, port: int | None = None, startup_s: float = 300.0) -> None:
+    def __init__(self, command: str, *args: str, port: int | None = None, startup_s: float = 300.0,
+                 cpus: set[int] | None = None) -> None:
+        self.cpus = cpus  # the cores it may run on (benchmarks pin it); None: any
         self.port, self.metrics_port = port or free_port(), free_port()
         self.target = f"127.0.0.1:{self.port}"
         self._argv = [sys.executable, "-m", "specedge.cli", command, "--host", "127.0.0.1", "--port", str(self.port),
@@ -191,7 +194,8 @@ class ServiceProcess:
 
     def start(self, startup_s: float = 300.0) -> None:
         """(Re)start the process on the same ports and wait until it serves."""
-        self._proc = subprocess.Popen(self._argv, stdout=self._log, stderr=subprocess.STDOUT)
+        pin = None if self.cpus is None else lambda: os.sched_setaffinity(0, self.cpus)
+        self._proc = subprocess.Popen(self._argv, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=pin)
         try:
             self._wait_serving(startup_s)
         except BaseException:
@@ -256,8 +260,8 @@ class ServiceProcess:
 class VerifierProcess(ServiceProcess):
     """`specedge serve` as a child process."""
 
-    def __init__(self, *serve_args: str, startup_s: float = 300.0) -> None:
-        super().__init__("serve", *serve_args, startup_s=startup_s)
+    def __init__(self, *serve_args: str, startup_s: float = 300.0, cpus: set[int] | None = None) -> None:
+        super().__init__("serve", *serve_args, startup_s=startup_s, cpus=cpus)
 
 
 def free_port() -> int:

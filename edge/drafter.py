@@ -25,6 +25,12 @@ class Drafter(Protocol):
         """The generation is over."""
 
 
+class SpeculatingDrafter(Drafter, Protocol):
+    def speculate(self, stop: Callable[[], bool]) -> None:
+        """Called while the last proposed tree is being verified: use the wait (e.g. draft ahead) until
+        `stop()` turns true, which it does when the verdict is in."""
+
+
 class FunctionDrafter:
     """Adapts a function of the committed token ids (prompt + output) to the Drafter interface."""
 

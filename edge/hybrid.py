@@ -116,6 +116,9 @@ class HybridDrafter:
         for source in self.sources:
             source.end()
 
+    def speculate(self, stop) -> None:
+        self.sources[1].speculate(stop)
+
 
 def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:
     """`order` with any node that came before its parent (a tie of estimates) moved just after it."""

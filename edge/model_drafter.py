@@ -13,7 +13,11 @@ probabilities, edge/calibration.py), so the controller sends only the nodes wort
 
 The drafter reads a new prompt in a background thread (llama.cpp runs without the GIL) while the verifier
 prefills it and the first rounds go out without model drafts: a long prompt's drafter prefill costs
-seconds on one core, and waiting for it would put all of them before the first token.
+seconds on one core, and waiting for it would put all of them before the first token. And while a tree is
+being verified, `speculate` drafts on past it, as if all of it is accepted and the verifier's bonus token
+is the drafter's own choice there: when that is what happens, the next round's first levels cost nothing.
+Logits are kept by the exact token sequence they follow, so a reused one is the one a fresh forward would
+give, and what is drafted from it, sampled drafts included, is unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import atexit
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,7 +68,8 @@ class ModelDrafter:
         self.params = SamplingParams()
         self.context: list[int] = []
         self._raw = np.zeros(0)
-        self._root_logits: np.ndarray | None = None  # the logits after self.context, once computed
+        self._logits: dict[tuple[int, ...], np.ndarray] = {}  # drafter ids -> the next-token logits after them
+        self._path: list[int] = []  # the last draft's main path (drafter ids), which speculation extends
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
@@ -75,7 +81,8 @@ class ModelDrafter:
         self._stop_reader()  # the model is this generation's now; what was read of the last prompt stays cached
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
-        self._root_logits = None
+        self._logits.clear()
+        self._path = []
         self._prefilled = False
         if self.prefill_in_background and self.context:
             self._reader = threading.Thread(target=self._read, args=(list(self.context),), name="drafter-prefill",
@@ -110,6 +117,7 @@ class ModelDrafter:
         self._read_error = None
 
     def propose(self) -> DraftTree:
+        self._path = []
         if not self.ready(timeout=0):
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
         if not self.context or (self.bridge.cross and self.bridge.pending):
@@ -126,37 +134,60 @@ class ModelDrafter:
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
         self.context = self.bridge.commit(result.tokens)
-        self._root_logits = None
+        known = tuple(self.context)
+        self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
             ms = result.compute_ms + result.queue_ms + result.rtt_ms
             self.round_ms = ms if self.round_ms is None else self.round_ms + EMA * (ms - self.round_ms)
         self._prefilled = True
 
     def end(self) -> None:
-        pass
+        self._logits.clear()
+        self._path = []
+
+    def speculate(self, stop: Callable[[], bool]) -> None:
+        """While the verifier checks the last draft: draft on from its main path's end, greedily, until
+        `stop()` (the verdict is in) or max_depth tokens past it; the logits are kept for the next round."""
+        if not self._path or not self.ready(timeout=0):
+            return
+        restrict = self.bridge.allowed if self.bridge.cross and not self.params.greedy else None
+        sequence = self.context + self._path
+        while len(sequence) - len(self.context) < 2 * self.max_depth and not stop():
+            logits = self._next_logits(sequence)
+            if restrict is not None:
+                logits = np.where(restrict, logits, -np.inf)
+            token = int(np.argmax(logits))
+            if self.model.is_end(token):
+                return
+            sequence = sequence + [token]
 
     # --- drafting -----------------------------------------------------------------------------------
-    def _worth_deeper(self, path: float, expected: float, drafted: int) -> bool:
+    def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
         """Is one more drafted token worth its time? It adds about `path` expected tokens to a round that
         commits `expected` (the bonus included) in round_ms + drafted * token_ms; drafting it pays when
-        path / token_ms beats the round's rate."""
+        path / token_ms beats the round's rate. `free`: its logits are known already (speculated)."""
         if path < MIN_PATH:
             return False
-        token_ms = self.token_ms or 0.0
+        token_ms = 0.0 if free else (self.token_ms or 0.0)
         round_ms = ROUND_MS_PRIOR if self.round_ms is None else self.round_ms
         return path * (round_ms + drafted * token_ms) > expected * token_ms
 
+    def _next_logits(self, sequence: list[int]) -> np.ndarray:
+        """The drafter's logits after `sequence` (drafter ids), computed once per sequence."""
+        key = tuple(sequence)
+        if (logits := self._logits.get(key)) is None:
+            start = time.perf_counter()
+            logits = self._logits[key] = self.model.logits(sequence).astype(np.float64)
+            if len(sequence) > len(self.context):  # a one-token forward (the first may feed the verdict's tokens)
+                ms = (time.perf_counter() - start) * 1e3
+                self.token_ms = ms if self.token_ms is None else self.token_ms + EMA * (ms - self.token_ms)
+        return logits
+
+    def _known(self, chain: list[int]) -> bool:
+        return tuple(self.context + chain) in self._logits
+
     def _probs(self, chain: list[int], restrict: np.ndarray | None = None) -> np.ndarray:
-        start = time.perf_counter()
-        if chain or self._root_logits is None:
-            logits = self.model.logits(self.context + chain).astype(np.float64)
-        else:  # the same context as the last draft (no verdict since): its cache has moved on
-            logits = self._root_logits
-        if not chain:
-            self._root_logits = logits
-        if chain:  # a one-token forward (the first call may feed the verdict's tokens)
-            ms = (time.perf_counter() - start) * 1e3
-            self.token_ms = ms if self.token_ms is None else self.token_ms + EMA * (ms - self.token_ms)
+        logits = self._next_logits(self.context + chain)
         if restrict is not None:
             logits = np.where(restrict, logits, -np.inf)
         if not self.params.greedy:
@@ -182,8 +213,9 @@ class ModelDrafter:
                 cond = float(self.calibration.probs(p[token]))
                 nodes.append(_Node(token, parent, float(p[token]), path * cond))
             path = nodes[first].estimate
-            if self.model.is_end(best[0]) or not self._worth_deeper(path, 1 + sum(n.estimate for n in nodes),
-                                                                     len(chain) + 1):
+            self._path = chain + [best[0]]
+            if self.model.is_end(best[0]) or not self._worth_deeper(
+                    path, 1 + sum(n.estimate for n in nodes), len(chain) + 1, self._known(self._path)):
                 break
             parent = first
             chain.append(best[0])
@@ -204,7 +236,8 @@ class ModelDrafter:
             conds.append(float(p[token]))
             path *= float(self.calibration.probs(p[token]))
             expected += path
-            if not self._worth_deeper(path, expected, len(chain)):
+            self._path = list(chain)
+            if not self._worth_deeper(path, expected, len(chain), self._known(chain)):
                 break
         drafter_ends = np.cumsum([len(self.bridge.drafter_bytes[t] or b"") for t in chain])
         drafted = b"".join(self.bridge.drafter_bytes[t] or b"" for t in chain)
@@ -260,8 +293,9 @@ class ModelDrafter:
                 nodes.append(_Node(self._target(int(ids[j])), parent, float(q[rank]), estimate))
             main = int(ids[draws[0]])
             path = nodes[first].estimate
-            if self.model.is_end(main) or not self._worth_deeper(path, 1 + sum(n.estimate for n in nodes),
-                                                                 len(chain) + 1):
+            self._path = chain + [main]
+            if self.model.is_end(main) or not self._worth_deeper(
+                    path, 1 + sum(n.estimate for n in nodes), len(chain) + 1, self._known(self._path)):
                 break
             parent = first
             chain.append(main)
