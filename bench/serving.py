@@ -62,8 +62,9 @@ class JobResult:
 
 def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rtt_ms: float,
               max_new_tokens: int, eos: list[int], make_drafter, max_tree: int) -> tuple[list[JobResult], float]:
-    """All jobs through `concurrency` client threads -> (results, wall seconds). With one client, each job's
-    verifier time and passes are read from the verifier's metrics (where it has them)."""
+    """All jobs through `concurrency` client threads -> (results, wall seconds); client k drafts with
+    `make_drafter(k)`. With one client, each job's verifier time and passes are read from the verifier's
+    metrics (where it has them)."""
     from specedge.edge.controller import TreeSizeController
     from specedge.edge.generation import generate
     from specedge.edge.transport import RemoteVerifier
@@ -80,9 +81,9 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rt
         seconds, steps = verifier.metric("specedge_step_seconds_sum"), verifier.metric("specedge_step_seconds_count")
         return None if seconds is None else (seconds, steps)
 
-    def worker() -> None:
+    def worker(k: int) -> None:
         client = RemoteVerifier(verifier.target)
-        drafter = make_drafter() if method != "server-ar" else None
+        drafter = make_drafter(k) if method != "server-ar" else None
         controller = TreeSizeController(max_tree)
         try:
             while True:
@@ -109,7 +110,7 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rt
         finally:
             client.close()
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(concurrency)]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -151,7 +152,11 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
         serve_args += ["--threads", "1"]
     warm_up = SamplingParams(max_new_tokens=8)
 
-    def new_drafter(method: str):
+    def new_drafter(method: str, client: int):
+        """`mix:A+B+...`: client k drafts with the k-th drafter of the list, round robin."""
+        if method.startswith("mix:"):
+            mixed = method.removeprefix("mix:").split("+")
+            method = mixed[client % len(mixed)]
         return make_drafter(method, None, max_nodes=args.max_tree, tokenizer=tokenizer, eos_ids=eos)
 
     for concurrency in levels:
@@ -170,7 +175,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                         list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
                         warm.close()
                         results, wall = run_level(verifier, method, jobs, concurrency, rtt, args.max_new_tokens,
-                                                  eos, lambda m=method: new_drafter(m), args.max_tree)
+                                                  eos, lambda k, m=method: new_drafter(m, k), args.max_tree)
                         peak = verifier.metric("specedge_kv_peak_bytes")
                     per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
                     kv = "" if peak is None else f", KV peak {peak / 2**20:.1f} MiB"

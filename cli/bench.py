@@ -27,7 +27,8 @@ def add_parser(commands) -> None:
                    help="prompts file: lines with id, category, prompt (or Spec-Bench lines with turns)")
     b.add_argument("--per-category", type=int, default=6, help="prompts per category (Spec-Bench workloads)")
     b.add_argument("--drafters", default="retrieval", help="comma-separated drafters to measure: retrieval, "
-                   "model:NAME, hybrid[:NAME]")
+                   "model:NAME, hybrid[:NAME]; in gRPC mode also mix:A+B+... (client k drafts with the k-th, "
+                   "round robin: heterogeneous clients on one verifier)")
     b.add_argument("--drafting-model", default="smollm2-135m",
                    help="the assistant of the hf-uag baseline (transformers' universal assisted generation)")
     b.add_argument("--baselines", default="ar,hf-pld,suffix,oracle",

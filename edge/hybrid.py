@@ -7,6 +7,13 @@ source under one node budget. Sorting by estimate keeps each source's nodes in t
 any prefix of the merged tree holds a prefix of each source's draft, and each source learns from the
 verdict on the nodes of its own that were sent.
 
+The model costs tens of ms per round on an edge CPU; retrieval costs well under one. Where retrieval's
+draft is confident the model rarely adds a token, so each round the hybrid asks whether the model pays:
+it adds G expected tokens (learnt online: tokens the verifier accepted beyond retrieval's own nodes, per
+bucket of retrieval's expected accepted tokens E) to a round of R ms (the verifier's pass and the
+network) at D ms of drafting; it pays when (1 + E + G) / (R + D) beats (1 + E) / R, i.e. G R > D (1 + E).
+A bucket where it does not still runs the model one round in EXPLORE, so G stays measured.
+
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
 as deterministic candidates. Which rule a node gets must not depend on what the model drew there (that
@@ -15,12 +22,15 @@ would bias rejection sampling), so it is decided from the retrieval draft alone.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
-from specedge.edge.model_drafter import ModelDrafter
+from specedge.edge.model_drafter import EMA, ROUND_MS_PRIOR, ModelDrafter
 from specedge.edge.retrieval import RetrievalDrafter
 
 
@@ -33,19 +43,47 @@ class _Merged:
     retrieval_below: bool = False  # the retrieval draft has children under this node
 
 
+EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
+EXPLORE = 8
+
+
 class HybridDrafter:
     def __init__(self, retrieval: RetrievalDrafter, model: ModelDrafter, max_nodes: int) -> None:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
         self._drafts: tuple[DraftTree, ...] = ()
         self._merged: list[_Merged] = []
+        self.model_gain = np.full(len(EXPECTED_EDGES) + 1, np.nan)  # G per bucket; nan: not measured yet
+        self._skipped = np.zeros(len(EXPECTED_EDGES) + 1, dtype=np.int64)
+        self.model_ms: float | None = None  # D: the model's drafting time per round
+        self._bucket = 0
+
+    def _model_pays(self, expected: float) -> bool:
+        b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
+        gain, round_ms = self.model_gain[b], self.sources[1].round_ms or ROUND_MS_PRIOR
+        if np.isnan(gain) or self.model_ms is None or gain * round_ms > self.model_ms * (1 + expected):
+            return True
+        self._skipped[b] += 1
+        if self._skipped[b] >= EXPLORE:
+            self._skipped[b] = 0
+            return True
+        return False
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         for source in self.sources:
             source.begin(prompt_ids, params)
 
     def propose(self) -> DraftTree:
-        self._drafts = tuple(source.propose() for source in self.sources)
+        retrieval, model = self.sources
+        retrieved = retrieval.propose()
+        drafted = DraftTree.empty()
+        if self._model_pays(sum(retrieved.accept_probs or ())):
+            start = time.perf_counter()
+            drafted = model.propose()
+            if len(drafted):  # not while it still reads the prompt
+                ms = (time.perf_counter() - start) * 1e3
+                self.model_ms = ms if self.model_ms is None else self.model_ms + EMA * (ms - self.model_ms)
+        self._drafts = (retrieved, drafted)
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
         self._retrieval_at_root = False
@@ -99,6 +137,12 @@ class HybridDrafter:
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         sent = len(tree)
         accepted_merged = result.accepted
+        if any(1 in n.where for n in self._merged[:sent]):  # the model's nodes were sent: what did they add?
+            by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
+                                len(accepted_merged))
+            gain, b = len(accepted_merged) - by_retrieval, self._bucket
+            old = self.model_gain[b]
+            self.model_gain[b] = gain if np.isnan(old) else old + EMA * (gain - old)
         for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
             # The longest prefix of this source's draft that was sent whole.
             merged_of = {i: k for k, n in enumerate(self._merged[:sent]) for s, i in n.where.items() if s == number}

@@ -14,8 +14,8 @@ probabilities, edge/calibration.py), so the controller sends only the nodes wort
 The drafter reads a new prompt in a background thread (llama.cpp runs without the GIL) while the verifier
 prefills it and the first rounds go out without model drafts: a long prompt's drafter prefill costs
 seconds on one core, and waiting for it would put all of them before the first token. And while a tree is
-being verified, `speculate` drafts on past it, as if all of it is accepted and the verifier's bonus token
-is the drafter's own choice there: when that is what happens, the next round's first levels cost nothing.
+being verified, `speculate` computes the logits the next round most likely needs (after the likeliest
+verdicts and bonus tokens): when the verdict is one of them, the next round's first levels cost nothing.
 Logits are kept by the exact token sequence they follow, so a reused one is the one a fresh forward would
 give, and what is drafted from it, sampled drafts included, is unchanged.
 """
@@ -23,6 +23,7 @@ give, and what is drafted from it, sampled drafts included, is unchanged.
 from __future__ import annotations
 
 import atexit
+import heapq
 import threading
 import time
 import weakref
@@ -45,7 +46,9 @@ EMA = 0.3
 SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its probability is at least this
 PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
 PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
-ALTERNATIVE_PENALTY = 0.5  # a second tokenisation of the same drafted text is the less likely one
+ALTERNATIVE_PENALTY = 0.5
+SPECULATION_STEPS = 16  # most forwards while a tree is verified (a verdict stops it sooner)
+SPECULATION_BRANCH = 2  # continuations of each speculated sequence worth computing next  # a second tokenisation of the same drafted text is the less likely one
 
 
 @dataclass
@@ -69,7 +72,6 @@ class ModelDrafter:
         self.context: list[int] = []
         self._raw = np.zeros(0)
         self._logits: dict[tuple[int, ...], np.ndarray] = {}  # drafter ids -> the next-token logits after them
-        self._path: list[int] = []  # the last draft's main path (drafter ids), which speculation extends
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
@@ -82,7 +84,6 @@ class ModelDrafter:
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
         self._logits.clear()
-        self._path = []
         self._prefilled = False
         if self.prefill_in_background and self.context:
             self._reader = threading.Thread(target=self._read, args=(list(self.context),), name="drafter-prefill",
@@ -117,7 +118,6 @@ class ModelDrafter:
         self._read_error = None
 
     def propose(self) -> DraftTree:
-        self._path = []
         if not self.ready(timeout=0):
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
         if not self.context or (self.bridge.cross and self.bridge.pending):
@@ -143,23 +143,31 @@ class ModelDrafter:
 
     def end(self) -> None:
         self._logits.clear()
-        self._path = []
 
     def speculate(self, stop: Callable[[], bool]) -> None:
-        """While the verifier checks the last draft: draft on from its main path's end, greedily, until
-        `stop()` (the verdict is in) or max_depth tokens past it; the logits are kept for the next round."""
-        if not self._path or not self.ready(timeout=0):
+        """While the verifier checks the last draft: compute the logits after the token sequences the
+        committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
+        SPECULATION_STEPS forwards. A sequence's likelihood is the product of its tokens' calibrated
+        probabilities; each computed one offers its SPECULATION_BRANCH most likely continuations. The last
+        draft's own nodes are among them, their logits known already: the verdict most often ends inside
+        them, with a bonus token the drafter had as a runner-up there."""
+        if not self.context or not self.ready(timeout=0):
             return
-        restrict = self.bridge.allowed if self.bridge.cross and not self.params.greedy else None
-        sequence = self.context + self._path
-        while len(sequence) - len(self.context) < 2 * self.max_depth and not stop():
-            logits = self._next_logits(sequence)
-            if restrict is not None:
-                logits = np.where(restrict, logits, -np.inf)
-            token = int(np.argmax(logits))
-            if self.model.is_end(token):
-                return
-            sequence = sequence + [token]
+        frontier = [(-1.0, tuple(self.context))]
+        forwards = 0
+        while frontier and forwards < SPECULATION_STEPS and not stop():
+            neg_likelihood, sequence = heapq.heappop(frontier)
+            forwards += not self._known_sequence(sequence)
+            logits = self._next_logits(list(sequence))
+            p = np.exp(logits - logits.max())
+            p /= p.sum()
+            for token in _most_likely(p, SPECULATION_BRANCH):
+                likelihood = -neg_likelihood * float(self.calibration.probs(p[token]))
+                if likelihood >= MIN_PATH and not self.model.is_end(token):
+                    heapq.heappush(frontier, (-likelihood, sequence + (token,)))
+
+    def _known_sequence(self, sequence: tuple[int, ...]) -> bool:
+        return sequence in self._logits
 
     # --- drafting -----------------------------------------------------------------------------------
     def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
@@ -184,7 +192,7 @@ class ModelDrafter:
         return logits
 
     def _known(self, chain: list[int]) -> bool:
-        return tuple(self.context + chain) in self._logits
+        return self._known_sequence(tuple(self.context + chain))
 
     def _probs(self, chain: list[int], restrict: np.ndarray | None = None) -> np.ndarray:
         logits = self._next_logits(self.context + chain)
@@ -213,9 +221,8 @@ class ModelDrafter:
                 cond = float(self.calibration.probs(p[token]))
                 nodes.append(_Node(token, parent, float(p[token]), path * cond))
             path = nodes[first].estimate
-            self._path = chain + [best[0]]
             if self.model.is_end(best[0]) or not self._worth_deeper(
-                    path, 1 + sum(n.estimate for n in nodes), len(chain) + 1, self._known(self._path)):
+                    path, 1 + sum(n.estimate for n in nodes), len(chain) + 1, self._known(chain + [best[0]])):
                 break
             parent = first
             chain.append(best[0])
@@ -236,7 +243,6 @@ class ModelDrafter:
             conds.append(float(p[token]))
             path *= float(self.calibration.probs(p[token]))
             expected += path
-            self._path = list(chain)
             if not self._worth_deeper(path, expected, len(chain), self._known(chain)):
                 break
         drafter_ends = np.cumsum([len(self.bridge.drafter_bytes[t] or b"") for t in chain])
@@ -293,9 +299,8 @@ class ModelDrafter:
                 nodes.append(_Node(self._target(int(ids[j])), parent, float(q[rank]), estimate))
             main = int(ids[draws[0]])
             path = nodes[first].estimate
-            self._path = chain + [main]
             if self.model.is_end(main) or not self._worth_deeper(
-                    path, 1 + sum(n.estimate for n in nodes), len(chain) + 1, self._known(self._path)):
+                    path, 1 + sum(n.estimate for n in nodes), len(chain) + 1, self._known(chain + [main])):
                 break
             parent = first
             chain.append(main)

@@ -5,22 +5,29 @@ hybrid end to end)."""
 
 from __future__ import annotations
 
+import pytest
+
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
-from specedge.edge.hybrid import HybridDrafter
+from specedge.edge import hybrid as hybrid_module
+from specedge.edge.hybrid import EXPLORE, HybridDrafter
 
 
 class Scripted:
     """A drafter that proposes a fixed tree and records what it is told."""
 
+    round_ms = 100.0  # what a model drafter measures: a round's time besides drafting
+
     def __init__(self, tree: DraftTree) -> None:
         self.tree = tree
         self.observed: list[tuple[DraftTree, StepResult]] = []
+        self.proposed = 0
 
     def begin(self, prompt_ids, params=None) -> None:
         pass
 
     def propose(self) -> DraftTree:
+        self.proposed += 1
         return self.tree
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
@@ -86,3 +93,36 @@ def test_a_model_proposal_survives_only_where_retrieval_proposes_nothing():
     alone = HybridDrafter(Scripted(DraftTree.empty()), Scripted(sampled), max_nodes=64)
     alone.begin([1])
     assert len(alone.propose().proposals) == 3
+
+
+class Clock:
+    """perf_counter for the hybrid: every reading is 50 ms after the last, so the model drafts in 50 ms."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.05
+        return self.now
+
+
+@pytest.mark.parametrize("model_adds", [False, True])
+def test_the_model_drafts_only_where_it_adds_more_than_it_costs(monkeypatch, model_adds):
+    """Retrieval is confident (10-11-12, 2.6 tokens expected); the model proposes 10-13-14-15 in 50 ms of a
+    100 ms round. When the verifier never takes 13, the model stops drafting there but for one round in
+    EXPLORE; when it takes 13-14-15 (3 tokens beyond retrieval's 10: 3 x 100 > 50 x 3.6), it drafts every
+    round."""
+    monkeypatch.setattr(hybrid_module, "time", Clock())
+    retrieval = Scripted(RETRIEVAL)
+    model = Scripted(DraftTree([10, 13, 14, 15], [-1, 0, 1, 2], accept_probs=[0.95, 0.5, 0.4, 0.3]))
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    rounds = 2 * EXPLORE
+    for _ in range(rounds):
+        tree = hybrid.propose()
+        take = (10, 13, 14, 15) if model_adds else (10, 11, 12)
+        accepted = [next(i for i in range(len(tree)) if tuple(tree.tokens[j] for j in tree.path_to(i)) == take[:k])
+                    for k in range(1, len(take) + 1)]
+        hybrid.observe(tree, StepResult(tokens=[*take, 99], accepted=accepted, compute_ms=100.0))
+    assert retrieval.proposed == rounds
+    assert model.proposed == (rounds if model_adds else 2)  # the first round, and one exploring round
