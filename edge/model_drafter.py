@@ -46,9 +46,9 @@ EMA = 0.3
 SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its probability is at least this
 PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
 PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
-ALTERNATIVE_PENALTY = 0.5
+ALTERNATIVE_PENALTY = 0.5  # a second tokenisation of the same drafted text is the less likely one
 SPECULATION_STEPS = 16  # most forwards while a tree is verified (a verdict stops it sooner)
-SPECULATION_BRANCH = 2  # continuations of each speculated sequence worth computing next  # a second tokenisation of the same drafted text is the less likely one
+SPECULATION_BRANCH = 2  # continuations of each speculated sequence worth computing next
 
 
 @dataclass
