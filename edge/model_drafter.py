@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import heapq
+import os
 import threading
 import time
 import weakref
@@ -104,6 +105,7 @@ class ModelDrafter:
         return True
 
     def _read(self, tokens: list[int]) -> None:
+        _lowest_priority()  # on a one-core edge it must not slow down the rounds that go on meanwhile
         try:
             self.model.prefill(tokens, self._stop_reading.is_set)
         except BaseException as e:  # raised in the generation's thread, by ready()
@@ -153,9 +155,12 @@ class ModelDrafter:
         them, with a bonus token the drafter had as a runner-up there."""
         if not self.context or not self.ready(timeout=0):
             return
+        # A forward started just before the verdict delays the next round: start none that would end after
+        # the verdict's expected time.
+        deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
         frontier = [(-1.0, tuple(self.context))]
         forwards = 0
-        while frontier and forwards < SPECULATION_STEPS and not stop():
+        while frontier and forwards < SPECULATION_STEPS and not stop() and time.perf_counter() < deadline:
             neg_likelihood, sequence = heapq.heappop(frontier)
             forwards += not self._known_sequence(sequence)
             logits = self._next_logits(list(sequence))
@@ -323,6 +328,14 @@ class ModelDrafter:
         if proposals is not None:
             tree.proposals = {(where[p] if p >= 0 else -1): q for p, q in proposals.items() if p < 0 or p in where}
         return tree
+
+
+def _lowest_priority() -> None:
+    """This thread at nice 19 (Linux schedules threads one by one): it runs when nothing else wants the core."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux: the read competes with the rounds as an equal
+        pass
 
 
 _READING: weakref.WeakSet[ModelDrafter] = weakref.WeakSet()
