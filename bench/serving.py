@@ -138,6 +138,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
     wall s) runs the in-process baselines (transformers'), once per repetition, with one client only."""
     from specedge.bench.hf_baselines import HF_BASELINES
     from specedge.edge.registry import make_drafter
+    from specedge.edge.transport import RemoteVerifier
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]
@@ -164,13 +165,10 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
         for level, rtt in enumerate(rtts):
             per_method: dict[str, list[tuple[float, float, list[JobResult]]]] = {m: [] for m in methods}
             local_methods = in_process if concurrency == 1 and level == 0 and local is not None else []
-            for m in local_methods:
-                per_method[m] = []
+            per_method.update({m: [] for m in local_methods})
             for rep in range(args.reps):
                 for method in methods:
                     with _verifier(args, serve_args) as verifier:
-                        from specedge.edge.transport import RemoteVerifier
-
                         warm = RemoteVerifier(verifier.target)
                         list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
                         warm.close()

@@ -1,7 +1,8 @@
 """Greedy speculative decoding on the engine gives exactly transformers' `generate` output, token for
 token, on 20 Spec-Bench prompts for both real models, whatever the drafts: empty, random, partly right
 (a true prefix among wrong branches, then wrong tokens), fully right, the retrieval drafter's own, and a
-drafting model's: the target's own GGUF (same vocabulary) and the other model's (another vocabulary: SLEM).
+drafting model's: the target's own GGUF (same vocabulary) and the other model's (another vocabulary: SLEM),
+and the hybrid of retrieval and the other model.
 
 A mismatch fails unless it is a genuine near-tie: at the first differing position the target's top-2
 logit gap is below twice the measured difference between the engine's and transformers' logits there.
@@ -82,7 +83,7 @@ class Drafts:
         return (token + 1 + self.rng.randrange(self.vocab - 1)) % self.vocab
 
 
-DRAFT_KINDS = ["empty", "random", "partly_right", "fully_right", "retrieval", "model_same", "model_cross"]
+DRAFT_KINDS = ["empty", "random", "partly_right", "fully_right", "retrieval", "model_same", "model_cross", "hybrid"]
 OTHER_MODEL = {"smollm2-135m": "gemma3-270m", "gemma3-270m": "smollm2-135m"}
 
 
@@ -122,13 +123,15 @@ def near_tie(hf, engine: Engine, context: list[int]) -> tuple[bool, str]:
 def test_greedy_output_equals_transformers_generate(model_case, kind):
     hf, engine, prompts, references, edge_tokenizer, name = model_case
     eos = eos_token_ids(hf)
-    if kind == "model_cross" and name == "smollm2-135m":
+    if kind in ("model_cross", "hybrid") and name == "smollm2-135m":
         pytest.skip("a drafter twice the target's size: no use, and SLEM is covered by the gemma3-270m target")
-    if kind.startswith("model"):  # one drafter for all prompts: it keeps its calibration, as an edge would
+    if kind.startswith("model") or kind == "hybrid":  # one drafter for all prompts, learning as an edge would
         drafting_model = name if kind == "model_same" else OTHER_MODEL[name]
-        model_drafter = make_drafter(f"model:{drafting_model}", tokenizer=edge_tokenizer, eos_ids=eos)
-        model_drafter.prefill_in_background = False  # it drafts from the first round: timing must not decide
-        assert model_drafter.bridge.cross == (kind == "model_cross")
+        model_drafter = make_drafter(f"{'hybrid' if kind == 'hybrid' else 'model'}:{drafting_model}",
+                                     tokenizer=edge_tokenizer, eos_ids=eos)
+        model = model_drafter.sources[1] if kind == "hybrid" else model_drafter
+        model.prefill_in_background = False  # it drafts from the first round: timing must not decide
+        assert model.bridge.cross == (kind != "model_same")
     failures, ties, passes, proposed = [], [], 0, 0
     for i, (ids, reference) in enumerate(zip(prompts, references)):
         drafts = Drafts(ids + reference, engine.vocab_size, seed=i)
@@ -143,12 +146,12 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
 
         if kind == "retrieval":  # the real drafter, sized by the real controller
             drafter, controller = RetrievalDrafter(), TreeSizeController()
-        elif kind.startswith("model"):
+        elif kind.startswith("model") or kind == "hybrid":
             drafter, controller = model_drafter, TreeSizeController()
         else:
             drafter, controller = FunctionDrafter(counting), None
         result = generate(LocalVerifier(engine).open(ids, GREEDY), eos, drafter, controller)
-        proposed += sum(result.tree_sizes) if kind == "retrieval" or kind.startswith("model") else 0
+        proposed += sum(result.tree_sizes) if kind in ("retrieval", "hybrid") or kind.startswith("model") else 0
         passes += result.rounds
         if result.token_ids == reference:
             continue
