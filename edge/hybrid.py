@@ -23,6 +23,7 @@ would bias rejection sampling), so it is decided from the retrieval draft alone.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,8 +161,8 @@ class HybridDrafter:
         for source in self.sources:
             source.end()
 
-    def speculate(self, stop) -> None:
-        self.sources[1].speculate(stop)
+    def speculate(self, stop: Callable[[], bool]) -> None:
+        self.sources[1].speculate(stop)  # retrieval has nothing to compute ahead
 
 
 def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:
