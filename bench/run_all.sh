@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every benchmark behind BENCHMARKS.md sections 2 and 3, one after another (run nothing else meanwhile:
-# the machine has 2 cores). About 100 minutes on a 2-core CPU. Outputs go to bench-out/.
+# Every benchmark behind BENCHMARKS.md sections 2, 3 and 6, one after another (run nothing else meanwhile:
+# the machine has 2 cores). About 160 minutes on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
+#                                               model-drafting model-mix
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -9,7 +10,7 @@ OUT=bench-out
 mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting)
+[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -30,6 +31,14 @@ for step in "${steps[@]}"; do
         --reps 2 --chat --baselines ar,suffix --out $OUT/spec-other ;;
     drafting)
       $BIN/python bench/drafting_bench.py --out $OUT/drafting ;;
+    model-drafting)  # section 6: edge and verifier on one core each, at 0 and 80 ms
+      $BIN/specedge bench --model gemma3-270m --workload specbench:all --per-category 1 --pin-cores 0,1 \
+        --drafters retrieval,model:smollm2-135m,hybrid --baselines ar,hf-ar,hf-uag --max-new-tokens 96 \
+        --reps 2 --rtt-ms 0,80 --out $OUT/model-drafting ;;
+    model-mix)  # section 6: four clients with different drafters on one verifier
+      $BIN/specedge bench --model gemma3-270m --workload specbench:all --per-category 1 --concurrency 4 \
+        --drafters mix:retrieval+model:smollm2-135m+model:gemma3-270m+hybrid --baselines server-ar \
+        --max-new-tokens 96 --reps 2 --out $OUT/model-mix ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
