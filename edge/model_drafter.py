@@ -162,7 +162,7 @@ class ModelDrafter:
         forwards = 0
         while frontier and forwards < SPECULATION_STEPS and not stop() and time.perf_counter() < deadline:
             neg_likelihood, sequence = heapq.heappop(frontier)
-            forwards += not self._known_sequence(sequence)
+            forwards += sequence not in self._logits
             logits = self._next_logits(list(sequence))
             p = np.exp(logits - logits.max())
             p /= p.sum()
@@ -170,9 +170,6 @@ class ModelDrafter:
                 likelihood = -neg_likelihood * float(self.calibration.probs(p[token]))
                 if likelihood >= MIN_PATH and not self.model.is_end(token):
                     heapq.heappush(frontier, (-likelihood, sequence + (token,)))
-
-    def _known_sequence(self, sequence: tuple[int, ...]) -> bool:
-        return sequence in self._logits
 
     # --- drafting -----------------------------------------------------------------------------------
     def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
@@ -197,7 +194,7 @@ class ModelDrafter:
         return logits
 
     def _known(self, chain: list[int]) -> bool:
-        return self._known_sequence(tuple(self.context + chain))
+        return tuple(self.context + chain) in self._logits
 
     def _probs(self, chain: list[int], restrict: np.ndarray | None = None) -> np.ndarray:
         logits = self._next_logits(self.context + chain)

@@ -65,9 +65,9 @@ def check_drafter(name: str, corpus: bool = False) -> None:
         raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
 
 
-# (GGUF path, target tokenizer fingerprint) -> a vocabulary bridge to copy: building one reads both
+# (GGUF path, target tokenizer fingerprint, its chat template) -> a vocabulary bridge to copy: building one reads both
 # vocabularies (~0.5 s), and a client makes a drafter per concurrent generation.
-_BRIDGES: dict[tuple[str, str], object] = {}
+_BRIDGES: dict[tuple[str, str, str | None], object] = {}
 
 
 def _model_drafter(model_name: str, max_nodes: int, tokenizer, eos_ids: list[int]) -> Drafter:
@@ -81,7 +81,7 @@ def _model_drafter(model_name: str, max_nodes: int, tokenizer, eos_ids: list[int
     if tokenizer is None:
         raise ValueError("a model drafter needs the target's tokenizer")
     model = DraftModel(draft_model_path(model_name))
-    key = (str(model.path), tokenizer.fingerprint)
+    key = (str(model.path), tokenizer.fingerprint, tokenizer.chat_template)  # the bridge renders chats with it
     if key not in _BRIDGES:
         backend = tokenizer.backend
         _BRIDGES[key] = bridge_between(model, backend, {t: backend.id_to_token(t) for t in eos_ids},
