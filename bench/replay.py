@@ -6,7 +6,14 @@ greedy output (the `ar` rows of a `specedge bench` run's runs.jsonl) answers eve
 could ask for. That makes drafter work a seconds-long loop instead of a half-hour benchmark; the real
 benchmark (`specedge bench`) still decides, since it also pays real pass and drafting times.
 
-    .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --workload specbench:summarization,rag
+With --timed each pass takes its modelled time (plus --rtt-ms) in real time, in a thread, as a remote
+verifier's would: drafting models then pay their real drafting time and do their work during the pass
+(prompt reading, speculation), and the speedup is measured by the clock. Pin it to one core
+(`taskset -c 0`) to stand for a one-core edge.
+
+    .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --chat
+    taskset -c 0 .venv/bin/python bench/replay.py bench-out/model-drafting/runs.jsonl --model gemma3-270m \
+        --drafters retrieval,model:smollm2-135m,hybrid --timed --base-ms 89 --rtt-ms 80
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,15 +38,19 @@ from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
 
 BASE_MS = 55.0  # a plain decoding pass of SmolLM2-135M here (BENCHMARKS.md section 1)
+PREFILL_MS_PER_TOKEN = 2.0  # the verifier's prompt prefill on one core (--timed only)
 
 
 class ReplaySession:
-    """A verifier session that answers from a recorded greedy output; passes cost what the prior says."""
+    """A verifier session that answers from a recorded greedy output; passes cost what the prior says
+    (and, `timed`, take that long, plus `rtt_ms`)."""
 
-    def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel) -> None:
+    def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel,
+                 timed: bool = False, rtt_ms: float = 0.0) -> None:
         self.prompt_ids, self.output, self.vocab_size, self.cost = list(prompt_ids), list(output), vocab_size, cost
         self.params = SamplingParams(max_new_tokens=len(output))
         self.max_tree_tokens = 1 << 30
+        self.timed, self.rtt_ms = timed, rtt_ms
         self.done = 0
         self.pass_ms: list[float] = []
 
@@ -53,9 +65,12 @@ class ReplaySession:
             accepted.append(node)
             tokens.append(want)
         tokens.append(self.output[self.done + len(tokens)])  # the bonus token
+        prefill_ms = PREFILL_MS_PER_TOKEN * len(self.prompt_ids) if not self.done else 0.0
         self.done += len(tokens)
         self.pass_ms.append(self.cost.ms(len(tree)))
-        return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1])
+        if self.timed:
+            time.sleep((prefill_ms + self.pass_ms[-1] + self.rtt_ms) / 1e3)
+        return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1], rtt_ms=self.rtt_ms)
 
     def cost_model(self) -> CostModel:
         return self.cost
@@ -65,11 +80,11 @@ class ReplaySession:
 
 
 def references(runs: Path) -> dict[str, list[int]]:
-    """prompt id -> the greedy output of the run's `ar` method (first repetition)."""
+    """prompt id -> the greedy output of the run's `ar` (or `server-ar`) method (first repetition)."""
     out = {}
     for line in runs.read_text().splitlines():
         r = json.loads(line)
-        if r["method"] == "ar" and r["prompt"] not in out:
+        if r["method"] in ("ar", "server-ar") and r["prompt"] not in out:
             out[r["prompt"]] = r["tokens"]
     return out
 
@@ -79,7 +94,14 @@ def main() -> None:
     ap.add_argument("runs", type=Path, help="runs.jsonl of a `specedge bench` run that included `ar`")
     ap.add_argument("--drafters", default="retrieval,suffix")
     ap.add_argument("--max-tree", type=int, default=MAX_TREE_NODES)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="the target (its tokenizer)")
+    ap.add_argument("--chat", action="store_true", help="the prompts in the model's chat template (as the run had)")
+    ap.add_argument("--categories", default=None, help="comma-separated: only these Spec-Bench categories")
+    ap.add_argument("--skip-per-category", type=int, default=0, metavar="K",
+                    help="leave out each category's first K prompts (e.g. those a benchmark reports)")
+    ap.add_argument("--base-ms", type=float, default=BASE_MS, help="a plain decoding pass of the target")
+    ap.add_argument("--timed", action="store_true", help="passes take their time for real (see above)")
+    ap.add_argument("--rtt-ms", type=float, default=0.0, help="with --timed: a network round trip per pass")
     ap.add_argument("--cost", choices=("cpu", "flat"), default="cpu",
                     help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior), or flat (every "
                          "tree costs one plain pass: a GPU-like verifier, where small trees are nearly free)")
@@ -92,8 +114,15 @@ def main() -> None:
     hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
     tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
     refs = references(args.runs)
-    prompts = [p for p in specbench.load() if p.id in refs]
-    cost = CostModel(tuple((n, BASE_MS * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
+    seen: dict[str, int] = defaultdict(int)
+    prompts = []
+    for p in specbench.load(categories=args.categories.split(",") if args.categories else None):
+        if p.id in refs:
+            seen[p.category] += 1
+            if seen[p.category] > args.skip_per_category:
+                prompts.append(p)
+    cost = CostModel(tuple((n, args.base_ms * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
+    eos_ids = [hf_tokenizer.eos_token_id] if hf_tokenizer.eos_token_id is not None else []
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
     for name in args.drafters.split(","):
         if name == "suffix":
@@ -101,33 +130,37 @@ def main() -> None:
 
             drafter, controller = SuffixDecodingDrafter(max_spec_tokens=min(args.max_tree, 16)), None
         else:
-            drafter, controller = make_drafter(name, max_nodes=args.max_tree), TreeSizeController(args.max_tree)
+            drafter = make_drafter(name, max_nodes=args.max_tree, tokenizer=tokenizer, eos_ids=eos_ids)
+            controller = TreeSizeController(args.max_tree)
         for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
-            ids = tokenizer.encode_prompt(p.text, chat=True)
-            session = ReplaySession(ids, refs[p.id], len(hf_tokenizer), cost)
+            ids = tokenizer.encode_prompt(p.text, chat=args.chat)
+            session = ReplaySession(ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms)
             r = generate(session, (), drafter, controller)
             assert r.token_ids == refs[p.id]
+            decode_ms = (r.wall_s - r.ttft_s) * 1e3 if args.timed else sum(session.pass_ms[1:]) + sum(r.draft_ms[1:])
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
-                totals[key].add(len(r.token_ids) - 1, r.rounds - 1, sum(session.pass_ms[1:]),
-                                sum(r.tree_sizes[1:]), r.draft_ms[1:])
-    print(f"{'drafter':<14}{'category':<16}{'accepted/pass':>14}{'nodes/pass':>11}{'est. decode x':>14}{'draft ms':>9}")
+                totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:])
+    # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only).
+    print(f"{'drafter':<18}{'category':<16}{'accepted/pass':>14}{'nodes/pass':>11}{'decode x':>9}{'draft ms':>9}"
+          f"{'mean':>7}")
     for (name, cat), t in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        speedup = t.tokens / (t.pass_ms + sum(t.draft_ms)) * BASE_MS  # plain decoding: one token per BASE_MS
-        print(f"{name:<14}{cat:<16}{t.tokens / t.rounds:>14.3f}{t.nodes / t.rounds:>11.2f}{speedup:>14.2f}"
-              f"{statistics.median(t.draft_ms):>9.2f}")
+        # Plain decoding: one token per base_ms (and, over a network, one round trip for the whole answer).
+        speedup = t.tokens * args.base_ms / t.decode_ms
+        print(f"{name:<18}{cat:<16}{t.tokens / t.rounds:>14.3f}{t.nodes / t.rounds:>11.2f}{speedup:>9.2f}"
+              f"{statistics.median(t.draft_ms):>9.2f}{statistics.mean(t.draft_ms):>7.1f}")
 
 
 @dataclass
 class Totals:
     tokens: int = 0
     rounds: int = 0
-    pass_ms: float = 0.0
+    decode_ms: float = 0.0  # after the first pass: passes and drafting (measured by the clock with --timed)
     nodes: int = 0
     draft_ms: list[float] = field(default_factory=list)
 
-    def add(self, tokens: int, rounds: int, pass_ms: float, nodes: int, draft_ms: list[float]) -> None:
-        self.tokens, self.rounds, self.pass_ms = self.tokens + tokens, self.rounds + rounds, self.pass_ms + pass_ms
-        self.nodes += nodes
+    def add(self, tokens: int, rounds: int, decode_ms: float, nodes: int, draft_ms: list[float]) -> None:
+        self.tokens, self.rounds = self.tokens + tokens, self.rounds + rounds
+        self.decode_ms, self.nodes = self.decode_ms + decode_ms, self.nodes + nodes
         self.draft_ms += draft_ms
 
 

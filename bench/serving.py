@@ -16,6 +16,8 @@ round trip themselves.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import statistics
 import threading
 import time
@@ -135,7 +137,8 @@ class RunningVerifier:
 def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, local=None) -> list[dict]:
     """Rows for every (method, concurrency, rtt) level, and with one client per category too;
     `check(method, prompt, ids, want, got)` raises on a greedy mismatch. `local(method, ids)` -> (tokens,
-    wall s) runs the in-process baselines (transformers'), once per repetition, with one client only."""
+    wall s) runs the in-process baselines (transformers'), once per repetition, with one client only.
+    Every generation also goes to --out's runs.jsonl (e.g. as references for bench/replay.py)."""
     from specedge.bench.hf_baselines import HF_BASELINES
     from specedge.edge.registry import make_drafter
     from specedge.edge.transport import RemoteVerifier
@@ -152,6 +155,12 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
     if args.pin_cores:
         serve_args += ["--threads", "1"]
     warm_up = SamplingParams(max_new_tokens=8)
+    runs: list[dict] = []
+
+    def record(method: str, rep: int, concurrency: int, rtt: float | None, results: list[JobResult]) -> None:
+        runs.extend({**dataclasses.asdict(r), "method": method, "category": prompts[r.prompt % len(prompts)].category,
+                     "prompt": prompts[r.prompt % len(prompts)].id, "rep": rep, "concurrency": concurrency,
+                     "rtt_ms": rtt} for r in results)
 
     def new_drafter(method: str, client: int):
         """`mix:A+B+...`: client k drafts with the k-th drafter of the list, round robin."""
@@ -176,6 +185,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                                                   eos, lambda k, m=method: new_drafter(m, k), args.max_tree)
                         peak = verifier.metric("specedge_kv_peak_bytes")
                     per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
+                    record(method, rep, concurrency, rtt, results)
                     kv = "" if peak is None else f", KV peak {peak / 2**20:.1f} MiB"
                     print(f"[serving] concurrency {concurrency} rtt {rtt:g} ms rep {rep + 1} {method}: "
                           f"{per_method[method][-1][0]:.1f} tokens/s{kv}", flush=True)
@@ -186,6 +196,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                         results.append(JobResult(i, tokens, None, [], [], wall_s=wall))
                     tps = sum(len(r.tokens) for r in results) / sum(r.wall_s for r in results)
                     per_method[method].append((tps, None, results))
+                    record(method, rep, concurrency, None, results)
                     print(f"[in-process] rep {rep + 1} {method}: {tps:.1f} tokens/s", flush=True)
             reference = {r.prompt: r.tokens for r in per_method["server-ar"][0][2]}
             for method in [*drafters, *local_methods]:
@@ -202,6 +213,8 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                     base = "hf-ar" if method in local_methods and "hf-ar" in local_methods else "server-ar"
                     rows.append(_row(method, group, wanted, per_method[method], per_method[base], concurrency,
                                      rtt if method not in local_methods else None, args.reps, base))
+    with open(args.out / "runs.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in runs)
     return rows
 
 

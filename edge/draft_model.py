@@ -111,10 +111,10 @@ class DraftModel:
         self.prefill(tokens)
         return self._logits
 
-    def prefill(self, tokens: list[int], stop: Callable[[], bool] = lambda: False) -> bool:
+    def prefill(self, tokens: list[int], stop: Callable[[], bool] = lambda: False, batch: int = BATCH) -> bool:
         """Make the cache hold exactly `tokens` and compute the logits after them, unless `stop()` turns
-        true between two batches: then the cache holds a prefix of `tokens` (which `logits` goes on from)
-        and this returns False."""
+        true between two batches of `batch` tokens: then the cache holds a prefix of `tokens` (which
+        `logits` goes on from) and this returns False."""
         if not tokens:
             raise ValueError("the draft model needs at least one token of context")
         if len(tokens) > self.context:
@@ -131,10 +131,10 @@ class DraftModel:
             self._l.llama_memory_seq_rm(self._memory, 0, keep, -1)
             del self.tokens[keep:]
         self._logits = None
-        for start in range(keep, len(tokens), BATCH):
+        for start in range(keep, len(tokens), batch):
             if start > keep and stop():
                 return False
-            self._decode(tokens[start : start + BATCH], start, last=start + BATCH >= len(tokens))
+            self._decode(tokens[start : start + batch], start, last=start + batch >= len(tokens))
         return True
 
     def _decode(self, chunk: list[int], position: int, last: bool) -> None:

@@ -8,11 +8,18 @@ any prefix of the merged tree holds a prefix of each source's draft, and each so
 verdict on the nodes of its own that were sent.
 
 The model costs tens of ms per round on an edge CPU; retrieval costs well under one. Where retrieval's
-draft is confident the model rarely adds a token, so each round the hybrid asks whether the model pays:
-it adds G expected tokens (learnt online: tokens the verifier accepted beyond retrieval's own nodes, per
-bucket of retrieval's expected accepted tokens E) to a round of R ms (the verifier's pass and the
-network) at D ms of drafting; it pays when (1 + E + G) / (R + D) beats (1 + E) / R, i.e. G R > D (1 + E).
-A bucket where it does not still runs the model one round in EXPLORE, so G stays measured.
+draft is confident the model rarely adds a token, so each round the hybrid asks whether the model pays.
+Per bucket of retrieval's expected accepted tokens E it measures G, the tokens the verifier accepted
+beyond retrieval's own nodes when the model drafted (a mean over the last few such rounds), and the
+round's time from sending the tree to the verdict, with the model (R_m: its nodes make the pass longer,
+its speculation may outlast the pass) and without (R); D is the model's drafting time. The model pays
+when (1 + E + G) / (R_m + D) beats (1 + E) / R. A bucket drafts with the model until it has MEASURED
+rounds of it (then goes without it once, to time R). Where it does not pay, a round with the model loses
+R_m + D - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
+that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
+cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
+tokens per pass). While the model is not drafting, it only keeps up with the committed text during the
+verifier's pass (not speculating beyond it).
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -31,7 +38,7 @@ import numpy as np
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
-from specedge.edge.model_drafter import EMA, ROUND_MS_PRIOR, ModelDrafter
+from specedge.edge.model_drafter import EMA, SPECULATION_STEPS, ModelDrafter
 from specedge.edge.retrieval import RetrievalDrafter
 
 
@@ -45,7 +52,9 @@ class _Merged:
 
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
-EXPLORE = 8
+EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
+MEASURED = 2  # rounds with the model a bucket needs before its G decides
+FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
 
 
 class HybridDrafter:
@@ -54,23 +63,33 @@ class HybridDrafter:
         self.max_nodes = max_nodes
         self._drafts: tuple[DraftTree, ...] = ()
         self._merged: list[_Merged] = []
-        self.model_gain = np.full(len(EXPECTED_EDGES) + 1, np.nan)  # G per bucket; nan: not measured yet
-        self._skipped = np.zeros(len(EXPECTED_EDGES) + 1, dtype=np.int64)
+        buckets = len(EXPECTED_EDGES) + 1
+        self._gain = np.zeros((buckets, 2))  # per bucket: decayed sums of G and of rounds measuring it
+        self._measured = np.zeros(buckets, dtype=np.int64)  # rounds with the model per bucket
+        self._round_ms = np.full((buckets, 2), np.nan)  # per bucket: R without, R_m with the model (EMAs)
+        self._explore_ms = np.zeros(buckets)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
-        self._bucket = 0
+        self._bucket, self._first_round, self._sent_at = 0, True, 0.0
 
     def _model_pays(self, expected: float) -> bool:
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
-        gain, round_ms = self.model_gain[b], self.sources[1].round_ms or ROUND_MS_PRIOR
-        if np.isnan(gain) or self.model_ms is None or gain * round_ms > self.model_ms * (1 + expected):
+        if self._measured[b] < MEASURED or self.model_ms is None:
             return True
-        self._skipped[b] += 1
-        if self._skipped[b] >= EXPLORE:
-            self._skipped[b] = 0
+        gain, (without, with_model) = self._gain[b, 0] / self._gain[b, 1], self._round_ms[b]
+        if np.isnan(without):
+            return False  # a round without the model, which times it
+        # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates
+        loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
+        if loss < 0:
+            return True
+        self._explore_ms[b] += EXPLORE_SHARE * without
+        if self._explore_ms[b] >= loss:  # G stays measured, at no more than EXPLORE_SHARE of the time
+            self._explore_ms[b] -= loss
             return True
         return False
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        self._first_round = True
         for source in self.sources:
             source.begin(prompt_ids, params)
 
@@ -78,9 +97,10 @@ class HybridDrafter:
         retrieval, model = self.sources
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
-        if self._model_pays(sum(retrieved.accept_probs or ())):
+        expected = sum(retrieved.accept_probs or ())
+        if self._model_pays(expected):
             start = time.perf_counter()
-            drafted = model.propose()
+            drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
                 ms = (time.perf_counter() - start) * 1e3
                 self.model_ms = ms if self.model_ms is None else self.model_ms + EMA * (ms - self.model_ms)
@@ -115,6 +135,7 @@ class HybridDrafter:
         tree = DraftTree([n.token for n in self._merged], [n.parent for n in self._merged],
                          accept_probs=[n.estimate for n in self._merged])
         tree.proposals = self._proposals(tree) or None
+        self._sent_at = time.perf_counter()
         return tree
 
     def _proposals(self, tree: DraftTree) -> dict[int, tuple[list[int], list[float]]]:
@@ -138,12 +159,16 @@ class HybridDrafter:
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         sent = len(tree)
         accepted_merged = result.accepted
-        if any(1 in n.where for n in self._merged[:sent]):  # the model's nodes were sent: what did they add?
+        b, model_sent = self._bucket, any(1 in n.where for n in self._merged[:sent])
+        if model_sent:  # what did the model's nodes add?
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
-            gain, b = len(accepted_merged) - by_retrieval, self._bucket
-            old = self.model_gain[b]
-            self.model_gain[b] = gain if np.isnan(old) else old + EMA * (gain - old)
+            self._gain[b] = FORGET * self._gain[b] + (len(accepted_merged) - by_retrieval, 1)
+            self._measured[b] += 1
+        if not self._first_round:  # its pass reads the prompt: not a typical round
+            ms, old = (time.perf_counter() - self._sent_at) * 1e3, self._round_ms[b, int(model_sent)]
+            self._round_ms[b, int(model_sent)] = ms if np.isnan(old) else old + EMA * (ms - old)
+        self._first_round = False
         for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
             # The longest prefix of this source's draft that was sent whole.
             merged_of = {i: k for k, n in enumerate(self._merged[:sent]) for s, i in n.where.items() if s == number}
@@ -162,7 +187,10 @@ class HybridDrafter:
             source.end()
 
     def speculate(self, stop: Callable[[], bool]) -> None:
-        self.sources[1].speculate(stop)  # retrieval has nothing to compute ahead
+        # Retrieval has nothing to compute ahead. A model that is not drafting only reads what was committed,
+        # so that the round it drafts again does not begin by reading many rounds' worth of tokens.
+        drafting = bool(self._drafts and len(self._drafts[1]))
+        self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1)
 
 
 def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:

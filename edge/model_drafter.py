@@ -48,6 +48,7 @@ SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its pr
 PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
 PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
 ALTERNATIVE_PENALTY = 0.5  # a second tokenisation of the same drafted text is the less likely one
+CATCH_UP_BATCH = 8  # tokens per forward while catching up in the verifier's time (stoppable between them)
 SPECULATION_STEPS = 16  # most forwards while a tree is verified (a verdict stops it sooner)
 SPECULATION_BRANCH = 2  # continuations of each speculated sequence worth computing next
 
@@ -76,6 +77,7 @@ class ModelDrafter:
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
+        self._alongside = 0.0  # propose()'s
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()
         self._read_error: BaseException | None = None
@@ -119,7 +121,10 @@ class ModelDrafter:
             self._stop_reading.clear()
         self._read_error = None
 
-    def propose(self) -> DraftTree:
+    def propose(self, alongside: float = 0.0) -> DraftTree:
+        """`alongside`: the tokens the round is expected to commit through another drafter's nodes (the
+        hybrid's retrieval): a round that commits more anyway makes each drafted token worth less."""
+        self._alongside = alongside
         if not self.ready(timeout=0):
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
         if not self.context or (self.bridge.cross and self.bridge.pending):
@@ -146,21 +151,26 @@ class ModelDrafter:
     def end(self) -> None:
         self._logits.clear()
 
-    def speculate(self, stop: Callable[[], bool]) -> None:
+    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
-        SPECULATION_STEPS forwards. A sequence's likelihood is the product of its tokens' calibrated
-        probabilities; each computed one offers its SPECULATION_BRANCH most likely continuations. The last
-        draft's own nodes are among them, their logits known already: the verdict most often ends inside
-        them, with a bonus token the drafter had as a runner-up there."""
+        `steps` forwards (the first reads what was committed since the model last ran). A sequence's
+        likelihood is the product of its tokens' calibrated probabilities; each computed one offers its
+        SPECULATION_BRANCH most likely continuations. The last draft's own nodes are among them, their logits
+        known already: the verdict most often ends inside them, with a bonus token the drafter had as a
+        runner-up there."""
         if not self.context or not self.ready(timeout=0):
             return
         # A forward started just before the verdict delays the next round: start none that would end after
         # the verdict's expected time.
         deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
+        # First, read what was committed since the model last ran: many rounds' tokens after a long prompt
+        # read, or while the hybrid lets the model rest, which one forward would not finish by the verdict.
+        if not self.model.prefill(self.context, lambda: stop() or time.perf_counter() > deadline, CATCH_UP_BATCH):
+            return
         frontier = [(-1.0, tuple(self.context))]
         forwards = 0
-        while frontier and forwards < SPECULATION_STEPS and not stop() and time.perf_counter() < deadline:
+        while frontier and forwards < steps and not stop() and time.perf_counter() < deadline:
             neg_likelihood, sequence = heapq.heappop(frontier)
             forwards += sequence not in self._logits
             logits = self._next_logits(list(sequence))
@@ -174,13 +184,14 @@ class ModelDrafter:
     # --- drafting -----------------------------------------------------------------------------------
     def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
         """Is one more drafted token worth its time? It adds about `path` expected tokens to a round that
-        commits `expected` (the bonus included) in round_ms + drafted * token_ms; drafting it pays when
-        path / token_ms beats the round's rate. `free`: its logits are known already (speculated)."""
+        commits `expected` (the bonus included; plus what other drafters' nodes commit) in round_ms + drafted
+        * token_ms; drafting it pays when path / token_ms beats the round's rate. `free`: its logits are
+        known already (speculated)."""
         if path < MIN_PATH:
             return False
         token_ms = 0.0 if free else (self.token_ms or 0.0)
         round_ms = ROUND_MS_PRIOR if self.round_ms is None else self.round_ms
-        return path * (round_ms + drafted * token_ms) > expected * token_ms
+        return path * (round_ms + drafted * token_ms) > (expected + self._alongside) * token_ms
 
     def _next_logits(self, sequence: list[int]) -> np.ndarray:
         """The drafter's logits after `sequence` (drafter ids), computed once per sequence."""

@@ -105,13 +105,19 @@ def test_bench_grpc_mode_measures_concurrency_against_server_side_decoding(tmp_p
     assert main(["bench", "--workload", "shared-doc:3", "--concurrency", "1,3", "--max-new-tokens", "8",
                  "--reps", "1", "--chat", "--baselines", "server-ar", "--out", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
-    assert {(r["method"], r["concurrency"]) for r in rows} == {(m, c) for m in ("server-ar", "retrieval") for c in (1, 3)}
+    assert {(r["method"], r["concurrency"]) for r in rows} == {(m, c) for m in ("server-ar", "retrieval")
+                                                              for c in (1, 3)}
     for r in rows:
         assert r["tokens_per_s"] > 0 and r["kv_peak_bytes"] > 0 and r["rtt_ms"] == 0.0
     one = next(r for r in rows if r["method"] == "server-ar" and r["concurrency"] == 1)
     three = next(r for r in rows if r["method"] == "server-ar" and r["concurrency"] == 3)
     assert three["kv_peak_bytes"] < 2 * one["kv_peak_bytes"]  # the shared document is stored once
     assert (out / "throughput.png").stat().st_size > 1000
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert len(runs) == 2 * (3 + 3)  # every generation: two methods, three prompts at each concurrency
+    for r in runs:  # the same greedy output for a prompt whatever the method or the concurrency
+        same = next(o for o in runs if o["prompt"] == r["prompt"] and o["method"] == "server-ar")
+        assert r["tokens"] == same["tokens"] and 0 < len(r["tokens"]) <= 8
 
 
 def test_bench_reaches_the_verifier_through_the_network_proxy_when_asked(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
-from specedge.edge.hybrid import EXPLORE, HybridDrafter
+from specedge.edge.hybrid import EXPLORE_SHARE, MEASURED, HybridDrafter
+from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
 class Scripted:
@@ -22,11 +23,12 @@ class Scripted:
         self.tree = tree
         self.observed: list[tuple[DraftTree, StepResult]] = []
         self.proposed = 0
+        self.speculated: list[int] = []  # the most forwards each speculation was allowed
 
     def begin(self, prompt_ids, params=None) -> None:
         pass
 
-    def propose(self) -> DraftTree:
+    def propose(self, alongside: float = 0.0) -> DraftTree:
         self.proposed += 1
         return self.tree
 
@@ -35,6 +37,9 @@ class Scripted:
 
     def end(self) -> None:
         pass
+
+    def speculate(self, stop, steps: int) -> None:
+        self.speculated.append(steps)
 
 
 def paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
@@ -96,33 +101,114 @@ def test_a_model_proposal_survives_only_where_retrieval_proposes_nothing():
 
 
 class Clock:
-    """perf_counter for the hybrid: every reading is 50 ms after the last, so the model drafts in 50 ms."""
+    """perf_counter for the hybrid: time moves only when a test's drafter or verifier spends it."""
 
     def __init__(self) -> None:
         self.now = 0.0
 
     def perf_counter(self) -> float:
-        self.now += 0.05
         return self.now
+
+    def spend(self, ms: float) -> None:
+        self.now += ms / 1e3
+
+
+class TimedModel(Scripted):
+    """A scripted model drafter that takes `ms` to draft."""
+
+    def __init__(self, tree: DraftTree, clock: Clock, ms: float = 50.0) -> None:
+        super().__init__(tree)
+        self.clock, self.ms = clock, ms
+
+    def propose(self, alongside: float = 0.0) -> DraftTree:
+        self.clock.spend(self.ms)
+        return super().propose(alongside)
 
 
 @pytest.mark.parametrize("model_adds", [False, True])
 def test_the_model_drafts_only_where_it_adds_more_than_it_costs(monkeypatch, model_adds):
     """Retrieval is confident (10-11-12, 2.6 tokens expected); the model proposes 10-13-14-15 in 50 ms of a
-    100 ms round. When the verifier never takes 13, the model stops drafting there but for one round in
-    EXPLORE; when it takes 13-14-15 (3 tokens beyond retrieval's 10: 3 x 100 > 50 x 3.6), it drafts every
-    round."""
-    monkeypatch.setattr(hybrid_module, "time", Clock())
+    100 ms round. When the verifier never takes 13, the model stops drafting there (exploring rounds are
+    rarer than these 16 rounds: the next test); when it takes 13-14-15 (3 tokens beyond retrieval's 10:
+    (3.6 + 3) / (100 + 50) ms beats 3.6 / 100 ms), it drafts every round."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
     retrieval = Scripted(RETRIEVAL)
-    model = Scripted(DraftTree([10, 13, 14, 15], [-1, 0, 1, 2], accept_probs=[0.95, 0.5, 0.4, 0.3]))
+    model = TimedModel(DraftTree([10, 13, 14, 15], [-1, 0, 1, 2], accept_probs=[0.95, 0.5, 0.4, 0.3]), clock)
     hybrid = HybridDrafter(retrieval, model, max_nodes=64)
     hybrid.begin([1])
-    rounds = 2 * EXPLORE
-    for _ in range(rounds):
-        tree = hybrid.propose()
-        take = (10, 13, 14, 15) if model_adds else (10, 11, 12)
-        accepted = [next(i for i in range(len(tree)) if tuple(tree.tokens[j] for j in tree.path_to(i)) == take[:k])
-                    for k in range(1, len(take) + 1)]
-        hybrid.observe(tree, StepResult(tokens=[*take, 99], accepted=accepted, compute_ms=100.0))
+    rounds = 16
+    run_rounds(hybrid, model, rounds, take=(10, 13, 14, 15) if model_adds else (10, 11, 12))
     assert retrieval.proposed == rounds
-    assert model.proposed == (rounds if model_adds else 2)  # the first round, and one exploring round
+    # MEASURED rounds with the model, then one without (timing it); then every round, or none.
+    assert model.proposed == (rounds - 1 if model_adds else MEASURED)
+
+
+def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
+    """`rounds` rounds of 100 ms in which the verifier commits `take` (and a bonus token); the rounds the model
+    drafted."""
+    drafted = []
+    for r in range(rounds):
+        before = model.proposed
+        tree = hybrid.propose()
+        hybrid.speculate(lambda: True)
+        if model.proposed > before:
+            drafted.append(r)
+        accepted = []
+        for token in take:
+            parent = accepted[-1] if accepted else -1
+            child = next((c for c in tree.children()[parent + 1] if tree.tokens[c] == token), None)
+            if child is None:
+                break
+            accepted.append(child)
+        model.clock.spend(100.0)
+        hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], 99], accepted=accepted, compute_ms=100.0))
+    return drafted
+
+
+@pytest.mark.parametrize("model_ms", [50.0, 10.0])
+def test_exploring_where_the_model_does_not_pay_costs_a_bounded_share_of_the_time(monkeypatch, model_ms):
+    """Where retrieval is confident and right, the model adds nothing, and a round with it loses its
+    drafting time (the pass takes 100 ms either way). After MEASURED rounds it still drafts now and then,
+    so that what it adds stays measured, spending at most EXPLORE_SHARE of the time (and not much less);
+    a cheaper model explores more often. Only the rounds it drafts does it speculate in (in the others it
+    only reads the committed text: one forward)."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(DraftTree([10, 13, 14, 15], [-1, 0, 1, 2], accept_probs=[0.95, 0.5, 0.4, 0.3]), clock, model_ms)
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+    hybrid.begin([1])
+    rounds = 1000
+    drafted = run_rounds(hybrid, model, rounds, take=(10, 11, 12))
+    assert drafted[:MEASURED] == list(range(MEASURED))
+    exploring = len(drafted) - MEASURED
+    budget = (rounds - MEASURED - 1) * EXPLORE_SHARE * 100.0  # after the round without the model that times R
+    assert budget - model_ms < exploring * model_ms <= budget
+    assert [r for r, steps in enumerate(model.speculated) if steps == SPECULATION_STEPS] == drafted
+    assert set(model.speculated) == {1, SPECULATION_STEPS}
+
+
+def test_a_model_whose_nodes_lengthen_the_pass_more_than_they_add_stops_drafting(monkeypatch):
+    """Retrieval expects 2.6 tokens; the model adds three more per round in 50 ms of drafting, which pays in
+    a 100 ms round (6.6 / 150 ms > 3.6 / 100 ms); but when the verdict takes 100 ms longer to come when it
+    drafts (its speculation outlasts the verifier's 100 ms pass, or its nodes make the pass longer), it does
+    not (6.6 / 250 ms): rounds with and without it are timed apart, from sending the tree to the verdict."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(DraftTree([10, 11, 13, 14, 15], [-1, 0, 1, 2, 3], accept_probs=[0.95, 0.8, 0.5, 0.4, 0.3]),
+                       clock)
+    for extra_ms, drafts in ((0.0, True), (100.0, False)):
+        hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+        hybrid.begin([1])
+        drafted = []
+        for _ in range(3 * MEASURED):
+            before = model.proposed
+            tree = hybrid.propose()
+            with_model = model.proposed > before
+            drafted.append(with_model)
+            tree = tree.prefix(len(tree) if with_model else 3)  # without the model: retrieval's 10-11-12
+            take = (10, 11, 13, 14, 15) if with_model else (10, 11)
+            accepted = [next(i for i in range(len(tree)) if tuple(tree.tokens[j] for j in tree.path_to(i)) == take[:k])
+                        for k in range(1, len(take) + 1)]
+            ms = 100.0 + (extra_ms if with_model else 0.0)
+            clock.spend(ms)
+            hybrid.observe(tree, StepResult(tokens=[*take, 99], accepted=accepted, compute_ms=100.0))
+        assert drafted[:MEASURED + 1] == [True] * MEASURED + [False]  # measuring: with the model, then without
+        assert all(drafted[MEASURED + 1:]) if drafts else not any(drafted[MEASURED + 1:])

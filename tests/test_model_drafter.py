@@ -17,9 +17,11 @@ from specedge.cloud.model_registry import eos_token_ids
 from specedge.cloud.sampling import target_probs
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
+from specedge.common.session import StepResult
 from specedge.edge.draft_model import BATCH as BATCH_TOKENS
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
+from specedge.edge.model_drafter import CATCH_UP_BATCH
 from specedge.edge.registry import make_drafter
 from specedge.edge.tokenizer import EdgeTokenizer
 
@@ -67,9 +69,9 @@ def test_the_first_rounds_go_without_model_drafts_while_the_drafter_reads_the_pr
     drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
     gate, read = threading.Event(), drafter.model.prefill
 
-    def gated_prefill(tokens, stop=lambda: False):  # the prompt is read only once the test opens the gate
+    def gated_prefill(tokens, *args):  # the prompt is read only once the test opens the gate
         gate.wait()
-        return read(tokens, stop)
+        return read(tokens, *args)
 
     drafter.model.prefill = gated_prefill
     drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
@@ -78,6 +80,28 @@ def test_the_first_rounds_go_without_model_drafts_while_the_drafter_reads_the_pr
     gate.set()
     assert drafter.ready(timeout=60)
     assert len(drafter.propose()) > 0
+
+
+def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_model):
+    """Rounds the model sat out (a long prompt read, or the hybrid resting it) leave many committed tokens
+    unread: speculation reads them in forwards of CATCH_UP_BATCH and stops between two once the verdict is
+    in, instead of delaying the next round by one long forward."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    prompt = edge_tokenizer.encode(PROMPT)
+    drafter.begin(prompt, SamplingParams())
+    assert drafter.ready(timeout=60)
+    committed = edge_tokenizer.encode(" a cat, because cats are quiet and clean and they sleep all day long" * 3)
+    drafter.observe(DraftTree.empty(), StepResult(tokens=committed, accepted=[], compute_ms=50.0))
+    assert len(committed) > 3 * CATCH_UP_BATCH
+    drafter.speculate(stop=lambda: True)
+    assert drafter.model.tokens == prompt + committed[:CATCH_UP_BATCH]  # one forward, then the verdict
+    verdicts = iter([False] * 2 + [True] * 100)
+    drafter.speculate(stop=lambda: next(verdicts))
+    assert drafter.model.tokens == prompt + committed[:3 * CATCH_UP_BATCH]
+    assert len(drafter.propose()) > 0  # the next draft reads the rest first
+    assert drafter.model.tokens[: len(prompt) + len(committed)] == prompt + committed
 
 
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
