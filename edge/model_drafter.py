@@ -166,7 +166,9 @@ class ModelDrafter:
         deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
         # First, read what was committed since the model last ran: many rounds' tokens after a long prompt
         # read, or while the hybrid lets the model rest, which one forward would not finish by the verdict.
-        if not self.model.prefill(self.context, lambda: stop() or time.perf_counter() > deadline, CATCH_UP_BATCH):
+        unread = tuple(self.context) not in self._logits  # else the draft computed them
+        if unread and not self.model.prefill(self.context, lambda: stop() or time.perf_counter() > deadline,
+                                             CATCH_UP_BATCH):
             return
         frontier = [(-1.0, tuple(self.context))]
         forwards = 0
