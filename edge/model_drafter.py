@@ -77,7 +77,7 @@ class ModelDrafter:
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
-        self._alongside = 0.0  # propose()'s
+        self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()
         self._read_error: BaseException | None = None
@@ -154,11 +154,11 @@ class ModelDrafter:
     def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
-        `steps` forwards (the first reads what was committed since the model last ran). A sequence's
-        likelihood is the product of its tokens' calibrated probabilities; each computed one offers its
-        SPECULATION_BRANCH most likely continuations. The last draft's own nodes are among them, their logits
-        known already: the verdict most often ends inside them, with a bonus token the drafter had as a
-        runner-up there."""
+        `steps` forwards (the first reads what was committed since the model last ran, in forwards of
+        CATCH_UP_BATCH tokens that a verdict also stops). A sequence's likelihood is the product of its
+        tokens' calibrated probabilities; each computed one offers its SPECULATION_BRANCH most likely
+        continuations. The last draft's own nodes are among them, their logits known already: the verdict
+        most often ends inside them, with a bonus token the drafter had as a runner-up there."""
         if not self.context or not self.ready(timeout=0):
             return
         # A forward started just before the verdict delays the next round: start none that would end after
