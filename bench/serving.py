@@ -158,9 +158,10 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
     runs: list[dict] = []
 
     def record(method: str, rep: int, concurrency: int, rtt: float | None, results: list[JobResult]) -> None:
-        runs.extend({**dataclasses.asdict(r), "method": method, "category": prompts[r.prompt % len(prompts)].category,
-                     "prompt": prompts[r.prompt % len(prompts)].id, "rep": rep, "concurrency": concurrency,
-                     "rtt_ms": rtt} for r in results)
+        for r in results:
+            prompt = prompts[r.prompt % len(prompts)]
+            runs.append({**dataclasses.asdict(r), "method": method, "category": prompt.category, "prompt": prompt.id,
+                         "rep": rep, "concurrency": concurrency, "rtt_ms": rtt})
 
     def new_drafter(method: str, client: int):
         """`mix:A+B+...`: client k drafts with the k-th drafter of the list, round robin."""

@@ -38,7 +38,7 @@ import numpy as np
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
-from specedge.edge.model_drafter import EMA, SPECULATION_STEPS, ModelDrafter
+from specedge.edge.model_drafter import SPECULATION_STEPS, ModelDrafter, moving_average
 from specedge.edge.retrieval import RetrievalDrafter
 
 
@@ -103,7 +103,7 @@ class HybridDrafter:
             drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
                 ms = (time.perf_counter() - start) * 1e3
-                self.model_ms = ms if self.model_ms is None else self.model_ms + EMA * (ms - self.model_ms)
+                self.model_ms = moving_average(self.model_ms, ms)
         self._drafts = (retrieved, drafted)
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
@@ -166,8 +166,8 @@ class HybridDrafter:
             self._gain[b] = FORGET * self._gain[b] + (len(accepted_merged) - by_retrieval, 1)
             self._measured[b] += 1
         if not self._first_round:  # its pass reads the prompt: not a typical round
-            ms, old = (time.perf_counter() - self._sent_at) * 1e3, self._round_ms[b, int(model_sent)]
-            self._round_ms[b, int(model_sent)] = ms if np.isnan(old) else old + EMA * (ms - old)
+            ms = (time.perf_counter() - self._sent_at) * 1e3
+            self._round_ms[b, int(model_sent)] = moving_average(self._round_ms[b, int(model_sent)], ms)
         self._first_round = False
         for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
             # The longest prefix of this source's draft that was sent whole.

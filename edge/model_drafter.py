@@ -43,7 +43,7 @@ from specedge.edge.vocab_bridge import CrossVocab, SameVocab, TargetDraft
 
 MIN_PATH = 0.02  # never draft deeper than this estimated acceptance, however cheap drafting is
 ROUND_MS_PRIOR = 60.0  # a round's time besides drafting, until one is measured
-EMA = 0.3
+EMA = 0.3  # weight of the newest measurement in a timing's moving average
 SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its probability is at least this
 PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
 PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
@@ -145,7 +145,7 @@ class ModelDrafter:
         self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
             ms = result.compute_ms + result.queue_ms + result.rtt_ms
-            self.round_ms = ms if self.round_ms is None else self.round_ms + EMA * (ms - self.round_ms)
+            self.round_ms = moving_average(self.round_ms, ms)
         self._prefilled = True
 
     def end(self) -> None:
@@ -203,7 +203,7 @@ class ModelDrafter:
             logits = self._logits[key] = self.model.logits(sequence).astype(np.float64)
             if len(sequence) > len(self.context):  # a one-token forward (the first may feed the verdict's tokens)
                 ms = (time.perf_counter() - start) * 1e3
-                self.token_ms = ms if self.token_ms is None else self.token_ms + EMA * (ms - self.token_ms)
+                self.token_ms = moving_average(self.token_ms, ms)
         return logits
 
     def _known(self, chain: list[int]) -> bool:
@@ -371,3 +371,8 @@ def _proposal(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ids = top[: max(1, keep)]
     q = p[ids] / p[ids].sum()
     return ids, q
+
+
+def moving_average(old: float | None, new: float) -> float:
+    """A timing's exponential moving average: `new` itself when nothing was measured yet (None or nan)."""
+    return new if old is None or np.isnan(old) else old + EMA * (new - old)
