@@ -13,8 +13,9 @@ Per bucket of retrieval's expected accepted tokens E it measures G, the tokens t
 beyond retrieval's own nodes when the model drafted (a mean over the last few such rounds), and the
 round's time from sending the tree to the verdict, with the model (R_m: its nodes make the pass longer,
 its speculation may outlast the pass) and without (R); D is the model's drafting time. The model pays
-when (1 + E + G) / (R_m + D) beats (1 + E) / R. A bucket drafts with the model until it has MEASURED
-rounds of it (then goes without it once, to time R). Where it does not pay, a round with the model loses
+when (1 + E + G) / (R_m + D) beats (1 + E) / R. A fresh hybrid measures once (two rounds with the model,
+one without); a bucket without figures of its own takes all buckets' (its G starts from their mean, worth
+PRIOR_ROUNDS of its own rounds), so it decides at once. Where the model does not pay, a round with it loses
 R_m + D - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
 that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
 cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
@@ -53,7 +54,8 @@ class _Merged:
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
 EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
-MEASURED = 2  # rounds with the model a bucket needs before its G decides
+PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in rounds of its own
+ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
 
 
@@ -63,21 +65,28 @@ class HybridDrafter:
         self.max_nodes = max_nodes
         self._drafts: tuple[DraftTree, ...] = ()
         self._merged: list[_Merged] = []
-        buckets = len(EXPECTED_EDGES) + 1
-        self._gain = np.zeros((buckets, 2))  # per bucket: decayed sums of G and of rounds measuring it
-        self._measured = np.zeros(buckets, dtype=np.int64)  # rounds with the model per bucket
-        self._round_ms = np.full((buckets, 2), np.nan)  # per bucket: R without, R_m with the model (EMAs)
-        self._explore_ms = np.zeros(buckets)  # per bucket: time put aside for rounds that explore
+        rows = len(EXPECTED_EDGES) + 2  # one per bucket, and the last for all buckets together (ALL)
+        self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
+        self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
+        self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
 
     def _model_pays(self, expected: float) -> bool:
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
-        if self._measured[b] < MEASURED or self.model_ms is None:
-            return True
-        gain, (without, with_model) = self._gain[b, 0] / self._gain[b, 1], self._round_ms[b]
+        if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
+            return True  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
+        if np.isnan(self._round_ms[ALL, 0]):
+            return False  # a round without the model, which times R
+        # A bucket's own figures where it has them, all buckets' until then: only G is expected to differ
+        # much between buckets, and it starts from the mean of all of them, worth PRIOR_ROUNDS of its own.
+        without, with_model = self._round_ms[b]
         if np.isnan(without):
-            return False  # a round without the model, which times it
+            without = self._round_ms[ALL, 0]
+        if np.isnan(with_model):
+            with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
+        mean_gain = self._gain[ALL, 0] / self._gain[ALL, 1]
+        gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
         if loss < 0:
@@ -163,11 +172,12 @@ class HybridDrafter:
         if model_sent:  # what did the model's nodes add?
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
-            self._gain[b] = FORGET * self._gain[b] + (len(accepted_merged) - by_retrieval, 1)
-            self._measured[b] += 1
+            for row in (b, ALL):
+                self._gain[row] = FORGET * self._gain[row] + (len(accepted_merged) - by_retrieval, 1)
         if not self._first_round:  # its pass reads the prompt: not a typical round
             ms = (time.perf_counter() - self._sent_at) * 1e3
-            self._round_ms[b, int(model_sent)] = moving_average(self._round_ms[b, int(model_sent)], ms)
+            for row in (b, ALL):
+                self._round_ms[row, int(model_sent)] = moving_average(self._round_ms[row, int(model_sent)], ms)
         self._first_round = False
         for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
             # The longest prefix of this source's draft that was sent whole.

@@ -10,7 +10,7 @@ import pytest
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
-from specedge.edge.hybrid import EXPLORE_SHARE, MEASURED, HybridDrafter
+from specedge.edge.hybrid import EXPLORE_SHARE, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
@@ -100,6 +100,11 @@ def test_a_model_proposal_survives_only_where_retrieval_proposes_nothing():
     assert len(alone.propose().proposals) == 3
 
 
+# A fresh hybrid measures before it decides: it drafts with the model twice (G and D; the second round timed,
+# R_m), then once without (R).
+MEASURED = 2
+
+
 class Clock:
     """perf_counter for the hybrid: time moves only when a test's drafter or verifier spends it."""
 
@@ -139,8 +144,34 @@ def test_the_model_drafts_only_where_it_adds_more_than_it_costs(monkeypatch, mod
     rounds = 16
     run_rounds(hybrid, model, rounds, take=(10, 13, 14, 15) if model_adds else (10, 11, 12))
     assert retrieval.proposed == rounds
-    # MEASURED rounds with the model, then one without (timing it); then every round, or none.
+    # Measuring (MEASURED rounds with the model, then one without); then every round, or none.
     assert model.proposed == (rounds - 1 if model_adds else MEASURED)
+
+
+class Alternating(Scripted):
+    """A scripted drafter whose trees take turns."""
+
+    def __init__(self, *trees: DraftTree) -> None:
+        super().__init__(trees[0])
+        self.trees = trees
+
+    def propose(self, alongside: float = 0.0) -> DraftTree:
+        self.tree = self.trees[self.proposed % len(self.trees)]
+        return super().propose(alongside)
+
+
+def test_a_new_bucket_of_retrievals_confidence_decides_from_what_the_others_measured(monkeypatch):
+    """Retrieval is by turns very confident (2.6 tokens expected) and less so (1.5: another bucket), and right
+    either way; the model adds nothing. The hybrid measures the model once (MEASURED rounds with it, one
+    without), not once per bucket: what it learnt in one bucket is the other's estimate until the other
+    has its own."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    less_sure = DraftTree(RETRIEVAL.tokens, RETRIEVAL.parents, accept_probs=[0.6, 0.5, 0.3, 0.1])
+    model = TimedModel(DraftTree([10, 13, 14, 15], [-1, 0, 1, 2], accept_probs=[0.95, 0.5, 0.4, 0.3]), clock)
+    hybrid = HybridDrafter(Alternating(RETRIEVAL, less_sure), model, max_nodes=64)
+    hybrid.begin([1])
+    drafted = run_rounds(hybrid, model, 16, take=(10, 11, 12))
+    assert drafted == list(range(MEASURED))
 
 
 def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
