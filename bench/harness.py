@@ -87,6 +87,7 @@ class Methods:
         """-> (tokens, wall_s, ttft_s or None, rounds or None, draft_ms, tree_sizes)."""
         from specedge.bench.oracle import OracleDrafter
         from specedge.common.params import SamplingParams
+        from specedge.edge.drafter import hints_wanted
         from specedge.edge.generation import generate
 
         params = SamplingParams(max_new_tokens=self.args.max_new_tokens)
@@ -100,7 +101,7 @@ class Methods:
             drafter = self.suffix
         elif method == "oracle":
             drafter = OracleDrafter(ids + reference, self.args.oracle_depth)
-        r = generate(self.verifier.open(ids, params), self.eos, drafter, controller)
+        r = generate(self.verifier.open(ids, params, hints_wanted(drafter)), self.eos, drafter, controller)
         return r.token_ids, r.wall_s, r.ttft_s, r.rounds, r.draft_ms, r.tree_sizes
 
     def _hf(self, method: str, ids: list[int]):

@@ -6,12 +6,20 @@ greedy output (the `ar` rows of a `specedge bench` run's runs.jsonl) answers eve
 could ask for. That makes drafter work a seconds-long loop instead of a half-hour benchmark; the real
 benchmark (`specedge bench`) still decides, since it also pays real pass and drafting times.
 
+With --hints the verdicts carry the verifier's hints (common/hints.py). `--hints on-path`: as far as a
+recorded output can tell them: the target's top k at every position of the output, computed once per
+prompt with the model (cached next to runs.jsonl), give the rows of the root and of every accepted node;
+rejected and unreached nodes get no row (a real verifier computes theirs too, in contexts the output never
+had), so the replay sees fewer hints than a real run. `--hints model`: the model computes every row, as a
+verifier does (one real forward per pass, so ~1 minute per drafter instead of seconds).
+
 With --timed each pass takes its modelled time (plus --rtt-ms) in real time, in a thread, as a remote
 verifier's would: drafting models then pay their real drafting time and do their work during the pass
 (prompt reading, speculation), and the speedup is measured by the clock. Pin it to one core
 (`taskset -c 0`) to stand for a one-core edge.
 
     .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --chat
+    .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --chat --hints model --cost flat
     taskset -c 0 .venv/bin/python bench/replay.py bench-out/model-drafting/runs.jsonl --model gemma3-270m \
         --drafters retrieval,model:smollm2-135m,hybrid --timed --base-ms 89 --rtt-ms 80
 """
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -30,10 +39,12 @@ from specedge.bench import specbench
 from specedge.cloud.cost_tracker import PRIOR_RELATIVE
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.controller import TreeSizeController
+from specedge.edge.drafter import hints_wanted
 from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
 
@@ -46,9 +57,13 @@ class ReplaySession:
     (and, `timed`, take that long, plus `rtt_ms`)."""
 
     def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel,
-                 timed: bool = False, rtt_ms: float = 0.0) -> None:
+                 timed: bool = False, rtt_ms: float = 0.0, hints: Hints | None = None, engine=None) -> None:
+        """`hints`: row j is the target's top tokens for output position j; `engine`: compute every node's
+        row with it instead (None and None: verdicts carry no hints)."""
         self.prompt_ids, self.output, self.vocab_size, self.cost = list(prompt_ids), list(output), vocab_size, cost
         self.params = SamplingParams(max_new_tokens=len(output))
+        self.hints, self.engine = hints, engine
+        self.seq = engine.add_sequence(prompt_ids, self.params) if engine is not None else None
         self.max_tree_tokens = 1 << 30
         self.timed, self.rtt_ms = timed, rtt_ms
         self.done = 0
@@ -66,17 +81,33 @@ class ReplaySession:
             tokens.append(want)
         tokens.append(self.output[self.done + len(tokens)])  # the bonus token
         prefill_ms = PREFILL_MS_PER_TOKEN * len(self.prompt_ids) if not self.done else 0.0
+        hints = None
+        if self.seq is not None:  # every row, from a real forward; the recorded tokens are committed
+            from specedge.cloud.hints import top_k_hints
+
+            (logits,) = self.engine.forward([(self.seq, tree)])
+            hints = top_k_hints(logits, DEFAULT_HINTS_TOP_K)
+            self.engine.pool.truncate(self.seq.seq_id, self.seq.num_cached)
+            self.seq.token_ids.extend(tokens)
+        elif self.hints is not None:  # the root's row and the accepted nodes' rows; the others are unknown here
+            on_path = {node: self.done + 1 + a for a, node in enumerate(accepted)}
+            rows = [self.done] + [on_path.get(i, -1) for i in range(len(tree))]
+            hints = Hints([self.hints.ids[r] if r >= 0 else [] for r in rows],
+                          [self.hints.probs[r] if r >= 0 else [] for r in rows])
         self.done += len(tokens)
         self.pass_ms.append(self.cost.ms(len(tree)))
         if self.timed:
             time.sleep((prefill_ms + self.pass_ms[-1] + self.rtt_ms) / 1e3)
-        return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1], rtt_ms=self.rtt_ms)
+        return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1], rtt_ms=self.rtt_ms,
+                          hints=hints)
 
     def cost_model(self) -> CostModel:
         return self.cost
 
     def close(self) -> None:
-        pass
+        if self.seq is not None:
+            self.engine.release(self.seq)
+            self.seq = None
 
 
 def references(runs: Path) -> dict[str, list[int]]:
@@ -87,6 +118,31 @@ def references(runs: Path) -> dict[str, list[int]]:
         if r["method"] in ("ar", "server-ar") and r["prompt"] not in out:
             out[r["prompt"]] = r["tokens"]
     return out
+
+
+def recorded_hints(runs: Path, model_name: str, prompts: dict[str, list[int]], refs: dict[str, list[int]],
+                   k: int = DEFAULT_HINTS_TOP_K) -> dict[str, Hints]:
+    """prompt id -> the target's top k at every position of its recorded output, computed with the model
+    in one forward per prompt and cached in a file next to `runs`."""
+    cache = runs.with_name(f"{runs.stem}.hints-k{k}.json")
+    known = json.loads(cache.read_text()) if cache.exists() else {}
+    missing = [p for p in prompts if p not in known]
+    if missing:
+        import torch
+
+        from specedge.cloud.hints import top_k_hints
+        from specedge.cloud.model_registry import load_model
+
+        model = load_model(model_name)[0]
+        for n, p in enumerate(missing, 1):
+            print(f"hints: {n}/{len(missing)} {p}", file=sys.stderr)
+            ids = prompts[p] + refs[p][:-1]
+            with torch.inference_mode():
+                logits = model(torch.tensor([ids])).logits[0, len(prompts[p]) - 1 :]
+            h = top_k_hints(logits, k)
+            known[p] = {"ids": h.ids, "probs": [[round(x, 4) for x in row] for row in h.probs]}
+        cache.write_text(json.dumps(known))
+    return {p: Hints(known[p]["ids"], known[p]["probs"]) for p in prompts}
 
 
 def main() -> None:
@@ -102,6 +158,10 @@ def main() -> None:
     ap.add_argument("--base-ms", type=float, default=BASE_MS, help="a plain decoding pass of the target")
     ap.add_argument("--timed", action="store_true", help="passes take their time for real (see above)")
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="with --timed: a network round trip per pass")
+    ap.add_argument("--hints", choices=("on-path", "model"), default=None,
+                    help="verdicts carry the verifier's hints (see above)")
+    ap.add_argument("--by-source", action="store_true",
+                    help="also print, per retrieval drafter, its nodes' acceptance by source and depth")
     ap.add_argument("--cost", choices=("cpu", "flat"), default="cpu",
                     help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior), or flat (every "
                          "tree costs one plain pass: a GPU-like verifier, where small trees are nearly free)")
@@ -123,7 +183,16 @@ def main() -> None:
                 prompts.append(p)
     cost = CostModel(tuple((n, args.base_ms * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
     eos_ids = [hf_tokenizer.eos_token_id] if hf_tokenizer.eos_token_id is not None else []
+    prompt_ids = {p.id: tokenizer.encode_prompt(p.text, chat=args.chat) for p in prompts}
+    hints = recorded_hints(args.runs, args.model, prompt_ids, refs) if args.hints == "on-path" else {}
+    engine = None
+    if args.hints == "model":
+        from specedge.cloud.engine import Engine
+        from specedge.cloud.model_registry import load_model
+
+        engine = Engine.from_hf_model(load_model(args.model)[0], kv_pool_bytes=256 << 20)
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
+    by_source: dict[str, dict] = {}
     for name in args.drafters.split(","):
         if name == "suffix":
             from specedge.bench.suffix_drafter import SuffixDecodingDrafter
@@ -133,13 +202,17 @@ def main() -> None:
             drafter = make_drafter(name, max_nodes=args.max_tree, tokenizer=tokenizer, eos_ids=eos_ids)
             controller = TreeSizeController(args.max_tree)
         for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
-            ids = tokenizer.encode_prompt(p.text, chat=args.chat)
-            session = ReplaySession(ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms)
+            ids = prompt_ids[p.id]
+            wants = hints_wanted(drafter) > 0
+            session = ReplaySession(ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
+                                    hints.get(p.id) if wants else None, engine if wants else None)
             r = generate(session, (), drafter, controller)
             assert r.token_ids == refs[p.id]
             decode_ms = (r.wall_s - r.ttft_s) * 1e3 if args.timed else sum(session.pass_ms[1:]) + sum(r.draft_ms[1:])
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
                 totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:])
+        retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
+        by_source[name] = getattr(retrieval, "verdicts_by_source", {})
     # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only).
     print(f"{'drafter':<18}{'category':<16}{'accepted/pass':>14}{'nodes/pass':>11}{'decode x':>9}{'draft ms':>9}"
           f"{'mean':>7}")
@@ -148,6 +221,22 @@ def main() -> None:
         speedup = t.tokens * args.base_ms / t.decode_ms
         print(f"{name:<18}{cat:<16}{t.tokens / t.rounds:>14.3f}{t.nodes / t.rounds:>11.2f}{speedup:>9.2f}"
               f"{statistics.median(t.draft_ms):>9.2f}{statistics.mean(t.draft_ms):>7.1f}")
+    if args.by_source:
+        print_by_source(by_source)
+
+
+def print_by_source(by_source: dict[str, dict]) -> None:
+    """Reached nodes and the share accepted, by the source that proposed them and their depth (6 = 6+)."""
+    print(f"\n{'drafter':<18}{'source':<10}" + "".join(f"{'depth ' + str(d):>16}" for d in range(1, 7)))
+    for name, counts in by_source.items():
+        for source in ("retrieval", "table", "both"):
+            cells = []
+            for d in range(1, 7):
+                reached = sum(c[0] for (s, depth), c in counts.items() if s == source and min(depth, 6) == d)
+                accepted = sum(c[1] for (s, depth), c in counts.items() if s == source and min(depth, 6) == d)
+                cells.append(f"{accepted / reached:.2f} of {reached}" if reached else "-")
+            if any(c != "-" for c in cells):
+                print(f"{name:<18}{source:<10}" + "".join(f"{c:>16}" for c in cells))
 
 
 @dataclass

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every benchmark behind BENCHMARKS.md sections 2, 3 and 6, one after another (run nothing else meanwhile:
-# the machine has 2 cores). About 160 minutes on a 2-core CPU. Outputs go to bench-out/.
+# Every benchmark behind BENCHMARKS.md sections 2, 3, 6 and 7, one after another (run nothing else
+# meanwhile: the machine has 2 cores). About 4 hours on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
-#                                               model-drafting model-mix
+#                                               model-drafting model-mix hints-cost hints-main hints-other
+#                                               hints-replay
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -10,7 +11,8 @@ OUT=bench-out
 mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix)
+[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix \
+  hints-cost hints-main hints-other hints-replay)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -39,6 +41,19 @@ for step in "${steps[@]}"; do
       $BIN/specedge bench --model gemma3-270m --workload specbench:all --per-category 1 --concurrency 4 \
         --drafters mix:retrieval+model:smollm2-135m+model:gemma3-270m+hybrid --baselines server-ar \
         --max-new-tokens 96 --reps 2 --out $OUT/model-mix ;;
+    hints-cost)  # section 7: what hints add to a verifier pass and a verdict, one thread as a pinned verifier
+      $BIN/python bench/hints_cost.py --threads 1 --out $OUT/hints-cost ;;
+    hints-main)  # section 7: retrieval with and without the verifier's hints, against the peers
+      $BIN/specedge bench --workload specbench:summarization,rag --per-category 6 --max-new-tokens 128 \
+        --reps 3 --chat --drafters retrieval:no-hints,retrieval --baselines ar,hf-pld,suffix --out $OUT/hints-main ;;
+    hints-other)
+      $BIN/specedge bench --workload specbench:$OTHER --per-category 2 --max-new-tokens 128 \
+        --reps 2 --chat --drafters retrieval:no-hints,retrieval --baselines ar,suffix --out $OUT/hints-other ;;
+    hints-replay)  # section 7: tokens per pass with every node's hints from the model, CPU and free passes
+      for cost in cpu flat; do
+        $BIN/python bench/replay.py $OUT/hints-main/runs.jsonl --chat --hints model --cost $cost --by-source \
+          --drafters retrieval:no-hints,retrieval
+      done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

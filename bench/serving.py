@@ -68,6 +68,7 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rt
     `make_drafter(k)`. With one client, each job's verifier time and passes are read from the verifier's
     metrics (where it has them)."""
     from specedge.edge.controller import TreeSizeController
+    from specedge.edge.drafter import hints_wanted
     from specedge.edge.generation import generate
     from specedge.edge.transport import RemoteVerifier
 
@@ -99,7 +100,8 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rt
                     tokens = [t for chunk in client.server_generate(jobs[i], params) for t in chunk]
                     r = JobResult(i, tokens, None, [], [])
                 else:
-                    session = DelayedSession(client.open(jobs[i], params), rtt_ms)
+                    hints = min(hints_wanted(drafter), client.info.limits.max_hints_top_k)
+                    session = DelayedSession(client.open(jobs[i], params, hints_top_k=hints), rtt_ms)
                     g = generate(session, eos, drafter, controller if drafter is not None else None)
                     r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes)
                 r.wall_s = time.perf_counter() - start

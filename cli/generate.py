@@ -27,8 +27,11 @@ def add_parser(commands) -> None:
     gen.add_argument("--model", default=DEFAULT_MODEL, help="registry name (smollm2-135m, gemma3-270m) or a local "
                      "Hugging Face model directory")
     gen.add_argument("--drafter", default="none", help="draft source: none (plain decoding), retrieval "
-                     "(matches in the prompt, the output so far and --corpus), or model:NAME (a small model on "
-                     "this device: smollm2-135m, gemma3-270m or a .gguf path; any vocabulary)")
+                     "(matches in the prompt, the output so far and --corpus, and the verifier's own recycled "
+                     "predictions), model:NAME (a small model on this device: smollm2-135m, gemma3-270m or a "
+                     ".gguf path; any vocabulary), or hybrid[:NAME] (retrieval and a model in one tree)")
+    gen.add_argument("--no-hints", action="store_true", help="do not ask the verifier for its top tokens at "
+                     "each verified position (the drafter then drafts from retrieval alone)")
     gen.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                      help="files or directories for the long-term datastore, or a datastore built with "
                      "`specedge index build` (repeatable); built once and cached")
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             targets = args.server
         client = EdgeClient(targets, drafter=args.drafter, tokenizer=tokenizer, corpus=args.corpus or None,
-                            channel=channel, max_tree=args.max_tree)
+                            channel=channel, max_tree=args.max_tree, hints=not args.no_hints)
 
         def work():
             return client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -9,6 +9,7 @@ import torch
 
 from specedge.cloud.sampling import Draws, target_probs
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.params import SamplingParams
 
 
@@ -17,6 +18,7 @@ class Verdict:
     accepted: list[int]  # node indices along the accepted path, root excluded, in order
     tokens: list[int]  # the accepted nodes' tokens, then the bonus token: everything newly committed
     bonus: int
+    hints: Hints | None = None  # for sequences that asked for them (the engine adds them)
 
 
 def verify_tree(

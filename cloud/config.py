@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specedge.common.hints import DEFAULT_HINTS_TOP_K
+
 DEFAULT_MODEL = "smollm2-135m"
 
 
@@ -24,6 +26,8 @@ class ServerConfig:
     max_prompt_tokens: int = _setting(8192, "longest prompt accepted")
     max_tree_tokens: int = _setting(128, "largest draft tree accepted per round (clients read it at connect)")
     max_new_tokens: int = _setting(4096, "most tokens one session may generate")
+    max_hints_top_k: int = _setting(DEFAULT_HINTS_TOP_K, "most hint tokens per verified position a session may ask "
+                                    "for (the target's own top-k, which edges draft from); 0 = no hints")
     max_sessions_per_client: int = _setting(64, "open sessions per client id")
     max_tokens_per_client: int = _setting(0, "tokens (prompt + max_new_tokens) a client's open sessions may "
                                           "claim together; 0 = no limit")

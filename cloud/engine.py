@@ -14,6 +14,7 @@ import torch
 
 from specedge.cloud.acceptance import Verdict, verify_tree
 from specedge.cloud.attention import SeqSlice, StepBatch
+from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.models import build_runner
 from specedge.cloud.sampling import Draws
@@ -30,6 +31,7 @@ class Sequence:
     params: SamplingParams
     draws: Draws
     num_cached: int  # leading tokens whose KV is in the pool
+    hints_top_k: int = 0  # > 0: every verdict carries this many hint tokens per computed position
 
     @property
     def output_ids(self) -> list[int]:
@@ -52,14 +54,15 @@ class Engine:
         )
         return cls(runner, pool)
 
-    def add_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_sequence(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> Sequence:
         if not prompt_ids:
             raise ValueError("the prompt must contain at least one token")
         if max(prompt_ids) >= self.vocab_size or min(prompt_ids) < 0:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         seq_id = next(self._ids)
         num_cached = self.pool.open(seq_id, prompt_ids)
-        return Sequence(seq_id, list(prompt_ids), len(prompt_ids), params, Draws.for_seed(params.seed), num_cached)
+        return Sequence(seq_id, list(prompt_ids), len(prompt_ids), params, Draws.for_seed(params.seed), num_cached,
+                        hints_top_k)
 
     def release(self, seq: Sequence) -> None:
         self.pool.close(seq.seq_id)
@@ -69,6 +72,8 @@ class Engine:
         verdicts = []
         for (seq, tree), logits in zip(work, self.forward(work)):
             verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids))
+            if seq.hints_top_k:
+                verdict.hints = top_k_hints(logits, seq.hints_top_k, seq.params.temperature)
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
         return verdicts

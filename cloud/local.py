@@ -13,12 +13,13 @@ from specedge.common.session import StepResult
 
 
 class LocalSession:
-    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, costs: CostTracker) -> None:
+    def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, costs: CostTracker,
+                 hints_top_k: int = 0) -> None:
         self.engine = engine
         self.vocab_size = engine.vocab_size
         self.max_tree_tokens = 1 << 30  # in this process, any tree is taken
         self.prompt_ids, self.params = list(prompt_ids), params
-        self.seq: Sequence | None = engine.add_sequence(prompt_ids, params)
+        self.seq: Sequence | None = engine.add_sequence(prompt_ids, params, hints_top_k)
         self.costs = costs
         self._prefilled = False
 
@@ -32,7 +33,7 @@ class LocalSession:
         if self._prefilled:  # the first pass also prefills the prompt: not a verification cost
             self.costs.observe(len(tree), ms)
         self._prefilled = True
-        return StepResult(tokens=verdict.tokens, accepted=verdict.accepted, compute_ms=ms)
+        return StepResult(tokens=verdict.tokens, accepted=verdict.accepted, compute_ms=ms, hints=verdict.hints)
 
     def cost_model(self) -> CostModel:
         return self.costs.model()
@@ -50,5 +51,6 @@ class LocalVerifier:
         self.engine = engine
         self.costs = CostTracker()
 
-    def open(self, prompt_ids: list[int], params: SamplingParams) -> LocalSession:
-        return LocalSession(self.engine, prompt_ids, params, self.costs)
+    def open(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> LocalSession:
+        """`hints_top_k` > 0: every step's result carries the target's hints (common/hints.py)."""
+        return LocalSession(self.engine, prompt_ids, params, self.costs, hints_top_k)

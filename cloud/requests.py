@@ -38,6 +38,7 @@ class OpenRequest:
     tree: DraftTree
     future: Future[tuple[Sequence, StepOutcome]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.perf_counter)
+    hints_top_k: int = 0  # the session's verdicts carry hints (common/hints.py)
 
 
 @dataclass(eq=False)

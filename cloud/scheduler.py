@@ -76,10 +76,10 @@ class VerifyScheduler:
 
     # ---- any thread --------------------------------------------------------------------------------
 
-    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree
+    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree, hints_top_k: int = 0
              ) -> Future[tuple[Sequence, StepOutcome]]:
-        """The prompt prefilled and `tree` verified with it."""
-        return self._submit(OpenRequest(prompt_ids, params, tree))
+        """The prompt prefilled and `tree` verified with it; `hints_top_k` > 0: every verdict has hints."""
+        return self._submit(OpenRequest(prompt_ids, params, tree, hints_top_k=hints_top_k))
 
     def verify(self, seq: Sequence, tree: DraftTree) -> Future[StepOutcome]:
         return self._submit(VerifyRequest(seq, tree))
@@ -167,7 +167,7 @@ class VerifyScheduler:
                 batch.append(_Scheduled(request, request.seq, tree, tokens=1 + len(tree)))
                 continue
             try:
-                seq = self.engine.add_sequence(request.prompt_ids, request.params)
+                seq = self.engine.add_sequence(request.prompt_ids, request.params, request.hints_top_k)
             except ValueError as e:
                 _fail(request.future, e)
                 continue

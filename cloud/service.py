@@ -85,7 +85,7 @@ class VerifierService:
             limits=pb.Limits(max_prompt_tokens=c.max_prompt_tokens, max_tree_tokens=c.max_tree_tokens,
                              max_new_tokens=c.max_new_tokens, max_sessions_per_client=c.max_sessions_per_client,
                              max_tokens_per_client=c.max_tokens_per_client,
-                             max_batch_tokens=c.max_batch_tokens),
+                             max_batch_tokens=c.max_batch_tokens, max_hints_top_k=c.max_hints_top_k),
             cost=wire.cost_to_pb(self.scheduler.cost_model(), self.scheduler.active_sessions))
 
     async def GetTokenizer(self, raw: bytes, context):
@@ -114,7 +114,8 @@ class VerifierService:
             op = first.open
             prompt, params, tree = self._validate_open(op.prompt_ids, op.params, op.draft, op.tokenizer_fingerprint)
             client, claim = self._admit(op.client_id or context.peer(), len(prompt) + params.max_new_tokens)
-            seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, tree))
+            hints_top_k = min(max(0, op.hints_top_k), self.config.max_hints_top_k)  # a larger ask gets the cap
+            seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, tree, hints_top_k))
             produced = len(outcome.verdict.tokens)
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
@@ -330,7 +331,8 @@ class VerifierService:
         return pb.Verdict(tokens=o.verdict.tokens, accepted=o.verdict.accepted, queue_ms=o.queue_ms,
                           compute_ms=o.compute_ms,
                           next_max_tree_tokens=min(self.config.max_tree_tokens, o.next_max_tree_tokens),
-                          cost=wire.cost_to_pb(o.cost, o.active_sessions))
+                          cost=wire.cost_to_pb(o.cost, o.active_sessions),
+                          hints=wire.hints_to_pb(o.verdict.hints) if o.verdict.hints is not None else None)
 
 
 def _moved() -> _Abort:

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.params import SamplingParams
 
 
@@ -18,6 +19,7 @@ class StepResult:
     queue_ms: float = 0.0  # waiting for a batch slot on the verifier
     rtt_ms: float = 0.0  # the rest of the round trip: network, serialisation
     next_max_tree_tokens: int | None = None  # the largest tree the verifier will take untrimmed next round
+    hints: Hints | None = None  # the target's top tokens at the root and every node sent, when asked for
 
 
 class VerifierSession(Protocol):

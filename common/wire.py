@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.params import SamplingParams
 from specedge.common.tokenizer_bundle import TokenizerBundle
 from specedge.protos import verifier_pb2 as pb
@@ -39,6 +40,26 @@ def tree_from_pb(msg: pb.DraftTree, vocab_size: int, max_nodes: int) -> DraftTre
                      list(msg.accept_probs) if msg.accept_probs else None)
     tree.validate(vocab_size)
     return tree
+
+
+def hints_to_pb(hints: Hints) -> pb.Hints:
+    k = max((len(row) for row in hints.ids), default=0)
+    if any(len(row) != k for row in hints.ids):
+        raise ValueError("every row of hints must hold the same number of tokens")
+    probs = bytes(min(255, max(0, round(p * 255))) for row in hints.probs for p in row)
+    return pb.Hints(k=k, token_ids=[t for row in hints.ids for t in row], probs=probs)
+
+
+def hints_from_pb(msg: pb.Hints) -> Hints | None:
+    """None for a verdict without hints."""
+    k = msg.k
+    if k <= 0:
+        return None
+    if len(msg.token_ids) % k or len(msg.probs) != len(msg.token_ids):
+        raise ValueError(f"malformed hints: {len(msg.token_ids)} token ids and {len(msg.probs)} probabilities "
+                         f"in rows of {k}")
+    ids, probs = list(msg.token_ids), [b / 255 for b in msg.probs]
+    return Hints([ids[i : i + k] for i in range(0, len(ids), k)], [probs[i : i + k] for i in range(0, len(ids), k)])
 
 
 def params_to_pb(params: SamplingParams) -> pb.SamplingParams:

@@ -15,10 +15,11 @@ PRIOR_WEIGHT = 4.0
 
 
 class Calibration:
-    def __init__(self) -> None:
+    def __init__(self, prior_scale: float = 1.0) -> None:
+        """`prior_scale`: a fresh bucket believes in this share of its midpoint."""
         self.accepted = np.zeros(len(EDGES) + 1)
         self.reached = np.zeros(len(EDGES) + 1)
-        self._prior = (np.concatenate(([0.0], EDGES)) + np.concatenate((EDGES, [1.0]))) / 2
+        self._prior = prior_scale * (np.concatenate(([0.0], EDGES)) + np.concatenate((EDGES, [1.0]))) / 2
 
     @staticmethod
     def buckets(raw: np.ndarray) -> np.ndarray:

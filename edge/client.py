@@ -26,7 +26,7 @@ from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.controller import TreeSizeController
 from specedge.edge.corpus import open_corpus
 from specedge.edge.datastore import Datastore
-from specedge.edge.drafter import Drafter
+from specedge.edge.drafter import Drafter, hints_wanted
 from specedge.edge.generation import GenerationResult, generate
 from specedge.edge.registry import make_drafter
 from specedge.edge.resume import ResumableSession
@@ -51,15 +51,17 @@ class EdgeClient:
     `tokenizer`: the verifier's tokenizer if this device has it (an EdgeTokenizer or a transformers
     tokenizer); by default it is fetched from the verifier once and cached. `corpus`: a long-term datastore
     for the drafter: a Datastore, or paths of files or of a built datastore. `max_tree`: the most draft
-    nodes a round sends; the verifier's own limit (read at connect) lowers it. Thread-safe: concurrent
-    generate and stream calls share the connection."""
+    nodes a round sends; the verifier's own limit (read at connect) lowers it. `hints`: let the drafter draft
+    from the verifier's own top tokens at every verified position, when both offer it (a few hundred bytes
+    a round). Thread-safe: concurrent generate and stream calls share the connection."""
 
     def __init__(self, targets: str | list[str], drafter: str = "retrieval", tokenizer=None,
                  corpus: Datastore | list[str | Path] | None = None, channel: ChannelConfig | None = None,
-                 client_id: str | None = None, max_tree: int = MAX_TREE_NODES) -> None:
+                 client_id: str | None = None, max_tree: int = MAX_TREE_NODES, hints: bool = True) -> None:
         self.targets = [targets] if isinstance(targets, str) else list(targets)
         self.channel = channel or ChannelConfig()
         self.client_id = client_id or f"edge-{uuid.uuid4().hex[:8]}"
+        self.hints = hints
         self._next_target = itertools.cycle(self.targets)
         self.verifier = self._connect()
         info = self.verifier.info
@@ -78,6 +80,10 @@ class EdgeClient:
 
     def _new_pair(self) -> tuple[Drafter | None, TreeSizeController]:
         return self._new_drafter(), TreeSizeController(self.max_tree)
+
+    def _hints_top_k(self, drafter: Drafter | None) -> int:
+        """Hint tokens per position to ask for: what the drafter uses, within what the verifier offers."""
+        return min(hints_wanted(drafter), self.verifier.info.limits.max_hints_top_k) if self.hints else 0
 
     def _connect(self) -> RemoteVerifier:
         last = None
@@ -112,11 +118,12 @@ class EdgeClient:
             self.verifier = self._connect()
             return self.verifier
 
-        session = ResumableSession(connect, ids, params, self.client_id, self.tokenizer.fingerprint)
         stop_check = stop_at_strings(self.tokenizer, params.stop) if params.stop else None
         with self._idle_lock:
             drafter, controller = self._idle.pop() if self._idle else self._new_pair()
         try:
+            session = ResumableSession(connect, ids, params, self.client_id, self.tokenizer.fingerprint,
+                                       hints_top_k=self._hints_top_k(drafter))
             result = generate(session, self.eos_ids, drafter, controller, stop_check, on_tokens)
         finally:
             with self._idle_lock:

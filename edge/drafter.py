@@ -19,10 +19,16 @@ class Drafter(Protocol):
         too), with each node's estimated probability of acceptance when the drafter can tell."""
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
-        """The verifier's answer to `tree`: `result.tokens` are now committed."""
+        """The verifier's answer to `tree`: `result.tokens` are now committed. A drafter with a `hints_top_k`
+        attribute > 0 gets the verifier's hints in `result.hints` (when the verifier offers them)."""
 
     def end(self) -> None:
         """The generation is over."""
+
+
+def hints_wanted(drafter: Drafter | None) -> int:
+    """Hint tokens per position a drafter drafts from (its `hints_top_k`; 0 for drafters without it)."""
+    return getattr(drafter, "hints_top_k", 0)
 
 
 class SpeculatingDrafter(Drafter, Protocol):

@@ -72,6 +72,11 @@ class HybridDrafter:
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
 
+    @property
+    def hints_top_k(self) -> int:
+        """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
+        return self.sources[0].hints_top_k
+
     def _model_pays(self, expected: float) -> bool:
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
@@ -179,6 +184,8 @@ class HybridDrafter:
             for row in (b, ALL):
                 self._round_ms[row, int(model_sent)] = moving_average(self._round_ms[row, int(model_sent)], ms)
         self._first_round = False
+        if result.hints is not None:  # rows for the merged tree's nodes, the model's included
+            self.sources[0].learn_hints(tree, result.hints)
         for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
             # The longest prefix of this source's draft that was sent whole.
             merged_of = {i: k for k, n in enumerate(self._merged[:sent]) for s, i in n.where.items() if s == number}

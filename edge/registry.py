@@ -1,6 +1,7 @@
 """Drafters by name, as the command line and the benchmark name them:
-`none`, `retrieval`, `model:NAME` (a drafting model, edge/draft_models.py), `hybrid[:NAME]` (both in one
-tree; the model defaults to smollm2-135m)."""
+`none`, `retrieval` (with the verifier's hints when it offers them; `retrieval:no-hints` without),
+`model:NAME` (a drafting model, edge/draft_models.py), `hybrid[:NAME]` (both in one tree; the model
+defaults to smollm2-135m)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from specedge.edge.datastore import Datastore
 from specedge.edge.drafter import Drafter
 from specedge.edge.retrieval import RetrievalDrafter
 
-DRAFTERS = ("none", "retrieval", "model:NAME", "hybrid[:NAME]")
+DRAFTERS = ("none", "retrieval", "retrieval:no-hints", "model:NAME", "hybrid[:NAME]")
 DEFAULT_DRAFT_MODEL = "smollm2-135m"
 
 
@@ -21,8 +22,9 @@ def make_drafter(name: str, datastore: Datastore | None = None, max_nodes: int =
         if datastore is not None:
             raise ValueError("--corpus needs a drafter that uses it: --drafter retrieval")
         return None
-    if name == "retrieval":
-        return RetrievalDrafter(datastore=datastore, max_nodes=max_nodes)
+    if name in ("retrieval", "retrieval:no-hints"):
+        hints = {} if name == "retrieval" else {"hints_top_k": 0}
+        return RetrievalDrafter(datastore=datastore, max_nodes=max_nodes, **hints)
     model_name = drafting_model(name)
     if model_name is not None and name.startswith("model:"):
         if datastore is not None:

@@ -1,12 +1,14 @@
 """READER-style retrieval drafter: candidates from the context itself (prompt + output so far), from the
 drafter's own earlier outputs, and from an optional long-term datastore, merged into one
-frequency-weighted tree, best nodes first."""
+frequency-weighted tree, best nodes first; where the verifier sends hints, the tree grows further from the
+target's own recycled predictions (edge/recycling.py), under the same node budget."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
@@ -14,6 +16,7 @@ from specedge.edge.acceptance_model import AcceptanceModel
 from specedge.edge.calibration import reached_and_accepted
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
+from specedge.edge.recycling import CONTEXT, Recycler
 from specedge.edge.tree_builder import CandidateSet, build_draft
 
 RECENCY = 0.97  # weight factor per more recent occurrence of the same match
@@ -29,14 +32,21 @@ class RetrievalDrafter:
         max_depth: int = 16,
         occurrences: int = 32,
         model: AcceptanceModel | None = None,
+        hints_top_k: int = DEFAULT_HINTS_TOP_K,
     ) -> None:
+        """`hints_top_k`: hint tokens per position to ask the verifier for and draft from (0: none)."""
         self.datastore = datastore
+        self.hints_top_k = hints_top_k
+        self.recycler = Recycler(hints_top_k) if hints_top_k else None  # kept across generations, as `history`
         self.max_nodes, self.max_depth, self.occurrences = max_nodes, max_depth, occurrences
         self.model = model or AcceptanceModel()  # kept across generations: the edge keeps learning
         self.index = ContextIndex()
         self.history = ContextIndex()  # earlier generations' outputs, each followed by a separator (-1)
         self._prompt_len = 0
-        self._cells = np.zeros(0, dtype=np.int64)  # model cells of the last draft's nodes
+        self._cells = np.zeros(0, dtype=np.int64)  # model cells of the last draft's nodes; -1: not retrieval's
+        # (source, depth) -> [reached, accepted] over the nodes sent: where drafted tokens are won and lost
+        # (source: retrieval, table, both); for reports, nothing reads it here.
+        self.verdicts_by_source: dict[tuple[str, int], list[int]] = {}
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.index = ContextIndex(prompt_ids)
@@ -67,14 +77,39 @@ class RetrievalDrafter:
     def propose(self) -> DraftTree:
         draft, stats = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)
         self._cells = stats.cells()
+        if self.recycler is not None and len(self.recycler.table):
+            draft, source = self.recycler.grow(draft, self._tail(CONTEXT), self.max_nodes)
+            source = np.asarray(source, dtype=np.int64)
+            self._cells = np.where(source >= 0, self._cells[np.maximum(source, 0)] if len(self._cells) else -1, -1)
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         if len(tree):
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
-            self.model.update(self._cells[: len(tree)][reached], accepted[reached])
+            cells = self._cells[: len(tree)]
+            mine = reached & (cells >= 0)
+            self.model.update(cells[mine], accepted[mine])
+            tabled = self.recycler.observe(reached, accepted) if self.recycler is not None else None
+            for node, depth in enumerate(tree.depths()):
+                if reached[node]:
+                    source = "retrieval" if tabled is None or not tabled[node] else "table"
+                    source = "both" if source == "table" and cells[node] >= 0 else source
+                    counts = self.verdicts_by_source.setdefault((source, depth), [0, 0])
+                    counts[0] += 1
+                    counts[1] += int(accepted[node])
+        if result.hints is not None:
+            self.learn_hints(tree, result.hints)
         self._cells = self._cells[:0]
         self.index.append(result.tokens)
+
+    def learn_hints(self, tree: DraftTree, hints: Hints) -> None:
+        """Keep the verifier's hints on `tree`, which hung off the last committed token (call before the
+        verdict's tokens are committed)."""
+        if self.recycler is not None:
+            self.recycler.learn(self._tail(CONTEXT), tree, hints)
+
+    def _tail(self, n: int) -> list[int]:
+        return self.index.tokens[max(0, self.index.n - n) : self.index.n].tolist()
 
     def end(self) -> None:
         """Remember the output: later generations often repeat their predecessors' phrasing."""

@@ -61,8 +61,9 @@ class RemoteVerifier:
                                            response_deserializer=response.FromString)
 
     def open(self, prompt_ids: list[int], params: SamplingParams, client_id: str = "",
-             fingerprint: str = "") -> RemoteSession:
-        return RemoteSession(self, prompt_ids, params, client_id, fingerprint)
+             fingerprint: str = "", hints_top_k: int = 0) -> RemoteSession:
+        """`hints_top_k` > 0: ask for hints with every verdict (served at most at the verifier's cap)."""
+        return RemoteSession(self, prompt_ids, params, client_id, fingerprint, hints_top_k)
 
     def tokenizer(self, fingerprint: str) -> TokenizerBundle:
         """The verifier's tokenizer, which must be the one of `fingerprint` (else NOT_FOUND)."""
@@ -85,12 +86,12 @@ class RemoteSession:
     """A Session stream; implements the VerifierSession interface. The prefill goes with the first draft."""
 
     def __init__(self, verifier: RemoteVerifier, prompt_ids: list[int], params: SamplingParams, client_id: str,
-                 fingerprint: str) -> None:
+                 fingerprint: str, hints_top_k: int = 0) -> None:
         self.verifier = verifier
         self.vocab_size = verifier.info.vocab_size
         self.max_tree_tokens = verifier.info.limits.max_tree_tokens
         self.prompt_ids, self.params = list(prompt_ids), params
-        self.client_id, self.fingerprint = client_id, fingerprint
+        self.client_id, self.fingerprint, self.hints_top_k = client_id, fingerprint, hints_top_k
         self._requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
         self._responses = None
         self._cost = wire.cost_from_pb(verifier.info.cost)
@@ -100,7 +101,7 @@ class RemoteSession:
         if self._responses is None:
             self._requests.put(pb.SessionRequest(open=pb.OpenSession(
                 client_id=self.client_id, prompt_ids=self.prompt_ids, params=wire.params_to_pb(self.params),
-                tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree))))
+                tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree), hints_top_k=self.hints_top_k)))
             self._responses = self.verifier._session(iter(self._requests.get, None),
                                                      metadata=self.verifier.config.metadata(),
                                                      timeout=self.verifier.config.rpc_timeout_s)
@@ -112,7 +113,7 @@ class RemoteSession:
         self._cost = wire.cost_from_pb(verdict.cost)
         return StepResult(tokens=list(verdict.tokens), accepted=list(verdict.accepted), compute_ms=verdict.compute_ms,
                           queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),
-                          next_max_tree_tokens=verdict.next_max_tree_tokens)
+                          next_max_tree_tokens=verdict.next_max_tree_tokens, hints=wire.hints_from_pb(verdict.hints))
 
     def cost_model(self) -> CostModel:
         return self._cost

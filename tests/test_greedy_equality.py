@@ -1,8 +1,8 @@
 """Greedy speculative decoding on the engine gives exactly transformers' `generate` output, token for
 token, on 20 Spec-Bench prompts for both real models, whatever the drafts: empty, random, partly right
-(a true prefix among wrong branches, then wrong tokens), fully right, the retrieval drafter's own, and a
-drafting model's: the target's own GGUF (same vocabulary) and the other model's (another vocabulary: SLEM),
-and the hybrid of retrieval and the other model.
+(a true prefix among wrong branches, then wrong tokens), fully right, the retrieval drafter's own (drafting
+from the verifier's hints too), and a drafting model's: the target's own GGUF (same vocabulary) and the
+other model's (another vocabulary: SLEM), and the hybrid of retrieval and the other model.
 
 A mismatch fails unless it is a genuine near-tie: at the first differing position the target's top-2
 logit gap is below twice the measured difference between the engine's and transformers' logits there.
@@ -22,7 +22,7 @@ from specedge.cloud.model_registry import eos_token_ids
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.edge.controller import TreeSizeController
-from specedge.edge.drafter import FunctionDrafter
+from specedge.edge.drafter import FunctionDrafter, hints_wanted
 from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
 from specedge.edge.retrieval import RetrievalDrafter
@@ -150,7 +150,8 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
             drafter, controller = model_drafter, TreeSizeController()
         else:
             drafter, controller = FunctionDrafter(counting), None
-        result = generate(LocalVerifier(engine).open(ids, GREEDY), eos, drafter, controller)
+        # The retrieval drafter (alone and in the hybrid) also drafts from the verifier's hints.
+        result = generate(LocalVerifier(engine).open(ids, GREEDY, hints_wanted(drafter)), eos, drafter, controller)
         proposed += sum(result.tree_sizes) if kind in ("retrieval", "hybrid") or kind.startswith("model") else 0
         passes += result.rounds
         if result.token_ids == reference:

@@ -1,0 +1,266 @@
+"""Token Recycling on the edge: the verifier's hints (common/hints.py) kept as a next-token table, and draft
+trees grown from it.
+
+Every verified position tells what the target would say next after its token, and the edge gets those
+rows for the root and every node it sent, accepted or not (Luo et al., "Turning Trash into Treasure",
+keep the same table on the GPU next to the model). `RecyclingTable` keeps the newest row per token, and
+per context of the last two and three tokens (more specific, so the longest one known is read first).
+`Recycler.grow` extends a draft best first with the table's rows: at every node, the row of its text's
+ending offers children whose estimate is the node's path estimate times the calibrated probability of
+the hint; a child that the draft already has keeps the higher estimate. Calibration (edge/calibration.py)
+is per kind of row (by one, two or three tokens): a hint's probability was the target's in another
+context, so what it is worth here is learned from the verdicts.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
+from specedge.edge.calibration import Calibration
+
+CONTEXT = 2  # rows are also kept by the last 2 tokens, read first where known (3 measured no better)
+MIN_PATH = 0.02  # no node below this estimated acceptance (the controller would not send it anyway)
+MAX_CONTEXT_ROWS = 1 << 17  # rows kept by 2 or 3 tokens; the least recently updated half goes beyond this
+# A fresh calibration's belief, per kind of row (by 1, 2, 3 tokens), in shares of the hint's probability:
+# replaying Spec-Bench summarization and rag with the model's hints, rows by one token were accepted at
+# about half the rate their probability says, rows by two at about the rate it says.
+PRIOR_SCALE = (0.5, 0.9)
+JUDGED = 16  # the draft's best nodes whose estimates the table's rows correct (agreeing or not)
+AGREEMENT = (0.1, 0.5)  # a row's probability for a judged node's token: under, between, over; or absent
+JUDGE_PRIOR = 4.0  # a class's correction starts at 1 with this many nodes' worth of belief
+_TOKEN_BITS = 20  # context keys pack tokens into one int: vocabularies up to 2**20 (Gemma 3's is 2**18)
+
+
+class RecyclingTable:
+    """The newest hint row per token (a vocab x k array, allocated on first use) and per context of the
+    last 2 and 3 tokens (bounded, least recently updated first out)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self._ids: np.ndarray | None = None  # [V, k] token ids, -1 = none
+        self._probs: np.ndarray | None = None  # [V, k] probability bytes (p * 255)
+        self._slot: dict[int, int] = {}  # context key (_key) -> row of the arrays below
+        self._context_ids = np.full((MAX_CONTEXT_ROWS, k), -1, dtype=np.int32)
+        self._context_probs = np.zeros((MAX_CONTEXT_ROWS, k), dtype=np.uint8)
+        self._next_slot = 0
+        self._free: list[int] = []
+        self.tokens = 0  # tokens with a row
+
+    def __len__(self) -> int:
+        return self.tokens
+
+    def update(self, contexts: list[tuple[int, ...]], hints: Hints) -> None:
+        """Row r of `hints` was computed after a text ending in contexts[r] (its last tokens, at most
+        CONTEXT, the row's own token last)."""
+        for context, ids, probs in zip(contexts, hints.ids, hints.probs):
+            token = context[-1]
+            if not ids or token < 0:
+                continue  # a row nobody computed (the replay's off-path nodes)
+            ids, quantized = ids[: self.k], [min(255, max(0, round(p * 255))) for p in probs[: self.k]]
+            self._grow_to(max(token, max(ids)) + 1)
+            self.tokens += int(self._ids[token, 0] < 0)
+            _set_row(self._ids[token], self._probs[token], ids, quantized)
+            for n in range(2, min(len(context), CONTEXT) + 1):
+                key = _key(context[-n:])
+                if key is None:
+                    break
+                slot = self._slot.pop(key, None)  # re-inserted last: dicts keep insertion order
+                self._slot[key] = slot = self._take_slot() if slot is None else slot
+                _set_row(self._context_ids[slot], self._context_probs[slot], ids, quantized)
+
+    def row(self, context: tuple[int, ...]) -> tuple[list[int], list[int], int] | None:
+        """(ids, probability bytes, kind) of the row after a text ending in `context` (kind: how many of its
+        last tokens the row was kept by, less one), None if there is none."""
+        for n in range(min(len(context), CONTEXT), 1, -1):
+            slot = self._slot.get(_key(context[-n:]))
+            if slot is not None:
+                return _unpadded(self._context_ids[slot], self._context_probs[slot], n - 1)
+        token = context[-1]
+        if self._ids is not None and 0 <= token < len(self._ids) and self._ids[token, 0] >= 0:
+            return _unpadded(self._ids[token], self._probs[token], 0)
+        return None
+
+    def _grow_to(self, size: int) -> None:
+        if self._ids is None or len(self._ids) < size:
+            old = 0 if self._ids is None else len(self._ids)
+            new = max(size, 2 * old, 1024)
+            ids, probs = np.full((new, self.k), -1, dtype=np.int32), np.zeros((new, self.k), dtype=np.uint8)
+            if old:
+                ids[:old], probs[:old] = self._ids, self._probs
+            self._ids, self._probs = ids, probs
+
+    def _take_slot(self) -> int:
+        if self._next_slot < MAX_CONTEXT_ROWS:
+            self._next_slot += 1
+            return self._next_slot - 1
+        if not self._free:  # forget the older half (the least recently updated)
+            for key in list(self._slot)[: MAX_CONTEXT_ROWS // 2]:
+                self._free.append(self._slot.pop(key))
+        return self._free.pop()
+
+
+def _key(tokens: tuple[int, ...]) -> int | None:
+    """One int for a context of tokens (its length in the top bits); None if a token does not fit."""
+    key = len(tokens)
+    for t in tokens:
+        if not 0 <= t < 1 << _TOKEN_BITS:
+            return None
+        key = key << _TOKEN_BITS | t
+    return key
+
+
+def _unpadded(ids: np.ndarray, probs: np.ndarray, kind: int) -> tuple[list[int], list[int], int]:
+    ids = ids.tolist()
+    n = ids.index(-1) if -1 in ids else len(ids)
+    return ids[:n], probs[:n].tolist(), kind
+
+
+def _set_row(ids_row: np.ndarray, probs_row: np.ndarray, ids: list[int], probs: list[int]) -> None:
+    ids_row[:], probs_row[:] = -1, 0
+    ids_row[: len(ids)], probs_row[: len(ids)] = ids, probs
+
+
+class Recycler:
+    """A RecyclingTable, its calibration, and what the last grown draft took from it."""
+
+    def __init__(self, k: int) -> None:
+        self.table = RecyclingTable(k)
+        self.calibration = [Calibration(scale) for scale in PRIOR_SCALE]  # by kind: rows by 1, 2, 3 tokens
+        self._luts: list[list[float]] | None = None  # by kind: probability byte -> calibrated probability
+        self._cells: list[int] = []  # per node of the last grown draft: kind * 256 + probability byte, or -1
+        # Correcting the draft's own estimates: per class (row kind x agreement), the verdicts on judged nodes
+        # against what their estimates expected.
+        classes = len(PRIOR_SCALE) * (len(AGREEMENT) + 2)
+        self._judged_accepted, self._judged_expected = np.zeros(classes), np.zeros(classes)
+        self._judged: list[tuple[int, float] | None] = []  # per node of the last grown draft: (class, estimate)
+
+    def grow(self, draft: DraftTree, context: list[int], max_nodes: int) -> tuple[DraftTree, list[int]]:
+        """`draft` (best first, with estimates) extended by table rows; also, per node of the result, its
+        index in `draft` (-1 for a node only the table proposed). `context` ends with the root token."""
+        tokens, parents = list(draft.tokens), list(draft.parents)
+        root_tail = tuple(context[-CONTEXT:])
+        tails = _tails(root_tail, tokens, parents)  # each node's last CONTEXT tokens, its own last
+        rows: dict[int, tuple | None] = {}  # node (-1: root) -> its table row, read once
+
+        def row_of(node: int):
+            if node not in rows:
+                rows[node] = self.table.row(root_tail if node < 0 else tails[node])
+            return rows[node]
+
+        estimate, judged = self._judge(draft, row_of)
+        cells = [-1] * len(draft)
+        depth = draft.depths()
+        child_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
+        if self._luts is None:
+            self._luts = [c.probs(np.arange(256) / 255).tolist() for c in self.calibration]
+        luts = self._luts
+        best = max(max(lut) for lut in luts)
+        # One heap of two kinds of entries, best first: a node whose row is not read yet (keyed by the most
+        # its children could be worth), and a child to add (keyed by its estimate).
+        heap = [(-1.0 * best, -1, -1, -1)] + [(-e * best, i, -1, -1) for i, e in enumerate(estimate)]
+        heapq.heapify(heap)
+        drafted = sorted(estimate, reverse=True)
+        above, added = 0, 0  # draft nodes at least as good as the current entry; nodes the table added
+        while heap:
+            neg, node, token, cell = heapq.heappop(heap)
+            if -neg < MIN_PATH:
+                break
+            while above < len(drafted) and drafted[above] >= -neg:
+                above += 1
+            if above + added >= max_nodes:
+                break  # every further node would fall outside the best max_nodes
+            if token < 0:  # read the node's row: its hints become children to add
+                found = row_of(node)
+                if found is not None:
+                    ids, probs, kind = found
+                    base = 1.0 if node < 0 else estimate[node]
+                    lut = luts[kind]
+                    for t, b in zip(ids, probs):
+                        e = base * lut[b]
+                        if e >= MIN_PATH:
+                            heapq.heappush(heap, (-e, node, t, kind * 256 + b))
+                continue
+            i = child_at.get((node, token))
+            if i is not None:  # the draft has it: the table backs it too
+                if cells[i] < 0:
+                    cells[i] = cell
+                estimate[i] = max(estimate[i], -neg)
+                continue
+            i = len(tokens)
+            tokens.append(token)
+            parents.append(node)
+            estimate.append(-neg)
+            cells.append(cell)
+            depth.append(1 if node < 0 else depth[node] + 1)
+            tails.append(((root_tail if node < 0 else tails[node]) + (token,))[-CONTEXT:])
+            child_at[(node, token)] = i
+            added += 1
+            heapq.heappush(heap, (-(-neg) * best, i, -1, -1))
+        # Path estimates never grow downwards and ties go shallower first, so parents come first.
+        order = sorted(range(len(tokens)), key=lambda i: (-estimate[i], depth[i], i))[:max_nodes]
+        new = {old: k for k, old in enumerate(order)}
+        self._cells = [cells[i] for i in order]
+        self._judged = [judged[i] if i < len(draft) else None for i in order]
+        tree = DraftTree([tokens[i] for i in order], [new[parents[i]] if parents[i] >= 0 else -1 for i in order],
+                         accept_probs=[min(1.0, estimate[i]) for i in order])
+        return tree, [i if i < len(draft) else -1 for i in order]
+
+    def _judge(self, draft: DraftTree, row_of) -> tuple[list[float], list[tuple[int, float] | None]]:
+        """The draft's estimates corrected by what the table says at their parents: a retrieval candidate
+        the target gave a high probability there is likelier, one outside its top k less likely, by a
+        factor learned per class. Returns the new path estimates and, per judged node, (class, its
+        conditional estimate before the correction)."""
+        old = list(draft.accept_probs or [0.0] * len(draft))
+        ratio = (self._judged_accepted + JUDGE_PRIOR) / (self._judged_expected + JUDGE_PRIOR)
+        estimate: list[float] = []
+        judged: list[tuple[int, float] | None] = [None] * len(draft)
+        for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
+            above = 1.0 if parent < 0 else old[parent]
+            cond = min(1.0, old[i] / above) if above > 0 else 0.0
+            row = row_of(parent) if i < JUDGED else None
+            if row is not None:
+                ids, probs, kind = row
+                p = probs[ids.index(token)] / 255 if token in ids else None
+                agreement = 0 if p is None else 1 + sum(p >= edge for edge in AGREEMENT)
+                judged[i] = (kind * (len(AGREEMENT) + 2) + agreement, cond)
+                cond = min(1.0, cond * ratio[judged[i][0]])
+            # A product of factors <= 1 down the path: never above the parent, so parents stay first.
+            estimate.append((1.0 if parent < 0 else estimate[parent]) * cond)
+        return estimate, judged
+
+    def observe(self, reached: np.ndarray, accepted: np.ndarray) -> np.ndarray | None:
+        """Learn from the verdict on the last grown draft's nodes that were sent (`reached`/`accepted`, per
+        node of the sent prefix: edge/calibration.py's reached_and_accepted). Returns which of them the
+        table proposed (None: the draft was not grown)."""
+        if len(self._cells) < len(reached):
+            self._cells, self._judged = [], []
+            return None  # not a grown draft's prefix: nothing of the table's was sent
+        for judged, was_reached, was_accepted in zip(self._judged, reached, accepted):
+            if judged is not None and was_reached:
+                self._judged_accepted[judged[0]] += was_accepted
+                self._judged_expected[judged[0]] += judged[1]
+        cells = np.asarray(self._cells[: len(reached)], dtype=np.int64)
+        mine = reached & (cells >= 0)
+        for kind, calibration in enumerate(self.calibration):
+            of_kind = mine & (cells // 256 == kind)
+            calibration.update(Calibration.buckets(cells[of_kind] % 256 / 255), accepted[of_kind])
+        self._cells, self._judged, self._luts = [], [], None
+        return cells >= 0
+
+    def learn(self, context: list[int], tree: DraftTree, hints: Hints) -> None:
+        """Record a verdict's hints: `context` is the committed text the tree hung off (its last token the
+        root), row r of `hints` the target's top tokens at the root (r = 0) or at node r - 1."""
+        root_tail = tuple(context[-CONTEXT:])
+        self.table.update([root_tail] + _tails(root_tail, tree.tokens, tree.parents), hints)
+
+
+def _tails(root_tail: tuple[int, ...], tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:
+    """Each node's last CONTEXT tokens (the text up to the root, then its path), its own token last."""
+    tails: list[tuple[int, ...]] = []
+    for token, parent in zip(tokens, parents):
+        tails.append(((root_tail if parent < 0 else tails[parent]) + (token,))[-CONTEXT:])
+    return tails
