@@ -29,7 +29,7 @@ MAX_CONTEXT_ROWS = 1 << 17  # rows kept by 2 or 3 tokens; the least recently upd
 # replaying Spec-Bench summarization and rag with the model's hints, rows by one token were accepted at
 # about half the rate their probability says, rows by two at about the rate it says.
 PRIOR_SCALE = (0.5, 0.9)
-JUDGED = 16  # the draft's best nodes whose estimates the table's rows correct (agreeing or not)
+JUDGED = 8  # the draft's best nodes whose estimates the table's rows correct (agreeing or not)
 AGREEMENT = (0.1, 0.5)  # a row's probability for a judged node's token: under, between, over; or absent
 JUDGE_PRIOR = 4.0  # a class's correction starts at 1 with this many nodes' worth of belief
 _TOKEN_BITS = 20  # context keys pack tokens into one int: vocabularies up to 2**20 (Gemma 3's is 2**18)
@@ -55,22 +55,30 @@ class RecyclingTable:
 
     def update(self, contexts: list[tuple[int, ...]], hints: Hints) -> None:
         """Row r of `hints` was computed after a text ending in contexts[r] (its last tokens, at most
-        CONTEXT, the row's own token last)."""
-        for context, ids, probs in zip(contexts, hints.ids, hints.probs):
-            token = context[-1]
-            if not ids or token < 0:
-                continue  # a row nobody computed (the replay's off-path nodes)
-            ids, quantized = ids[: self.k], [min(255, max(0, round(p * 255))) for p in probs[: self.k]]
-            self._grow_to(max(token, max(ids)) + 1)
-            self.tokens += int(self._ids[token, 0] < 0)
-            _set_row(self._ids[token], self._probs[token], ids, quantized)
-            for n in range(2, min(len(context), CONTEXT) + 1):
-                key = _key(context[-n:])
+        CONTEXT, the row's own token last). Where a row is given twice, the later one stays."""
+        known = [r for r, (context, ids) in enumerate(zip(contexts, hints.ids)) if ids and context[-1] >= 0]
+        if not known:
+            return  # rows nobody computed (the replay's off-path nodes)
+        ids = np.full((len(known), self.k), -1, dtype=np.int32)
+        probs = np.zeros((len(known), self.k))
+        for j, r in enumerate(known):  # one slice assignment per row: rows may be shorter than k
+            row = hints.ids[r][: self.k]
+            ids[j, : len(row)], probs[j, : len(row)] = row, hints.probs[r][: len(row)]
+        probs = np.rint(np.clip(probs, 0.0, 1.0) * 255).astype(np.uint8)
+        tokens = np.asarray([contexts[r][-1] for r in known])
+        self._grow_to(int(max(tokens.max(), ids.max())) + 1)
+        self.tokens += int((self._ids[np.unique(tokens), 0] < 0).sum())
+        self._ids[tokens], self._probs[tokens] = ids, probs
+        for n in range(2, CONTEXT + 1):
+            rows, slots = [], []
+            for j, r in enumerate(known):
+                key = _key(contexts[r][-n:]) if len(contexts[r]) >= n else None
                 if key is None:
-                    break
+                    continue
                 slot = self._slot.pop(key, None)  # re-inserted last: dicts keep insertion order
                 self._slot[key] = slot = self._take_slot() if slot is None else slot
-                _set_row(self._context_ids[slot], self._context_probs[slot], ids, quantized)
+                rows.append(j), slots.append(slot)
+            self._context_ids[slots], self._context_probs[slots] = ids[rows], probs[rows]
 
     def row(self, context: tuple[int, ...]) -> tuple[list[int], list[int], int] | None:
         """(ids, probability bytes, kind) of the row after a text ending in `context` (kind: how many of its
@@ -119,11 +127,6 @@ def _unpadded(ids: np.ndarray, probs: np.ndarray, kind: int) -> tuple[list[int],
     return ids[:n], probs[:n].tolist(), kind
 
 
-def _set_row(ids_row: np.ndarray, probs_row: np.ndarray, ids: list[int], probs: list[int]) -> None:
-    ids_row[:], probs_row[:] = -1, 0
-    ids_row[: len(ids)], probs_row[: len(ids)] = ids, probs
-
-
 class Recycler:
     """A RecyclingTable, its calibration, and what the last grown draft took from it."""
 
@@ -152,38 +155,43 @@ class Recycler:
             return rows[node]
 
         estimate, judged = self._judge(draft, row_of)
-        cells = [-1] * len(draft)
+        cells = [-1] * len(tokens)
         depth = draft.depths()
         child_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
-        if self._luts is None:
-            self._luts = [c.probs(np.arange(256) / 255).tolist() for c in self.calibration]
+        if self._luts is None:  # non-decreasing (a bucket no higher than any above it): a row's order kept
+            self._luts = [np.minimum.accumulate(c.probs(np.arange(256) / 255)[::-1])[::-1].tolist()
+                          for c in self.calibration]
         luts = self._luts
-        best = max(max(lut) for lut in luts)
-        # One heap of two kinds of entries, best first: a node whose row is not read yet (keyed by the most
-        # its children could be worth), and a child to add (keyed by its estimate).
-        heap = [(-1.0 * best, -1, -1, -1)] + [(-e * best, i, -1, -1) for i, e in enumerate(estimate)]
-        heapq.heapify(heap)
+        best = max(lut[-1] for lut in luts)
         drafted = sorted(estimate, reverse=True)
+        # Nothing at or below the max_nodes-th draft node's estimate can make the cut.
+        floor = max(MIN_PATH, drafted[max_nodes - 1] if len(drafted) >= max_nodes else 0.0)
+
+        def offer(node: int, j: int) -> None:
+            """Put the j-th child of `node`'s row on the heap if it can make the cut."""
+            ids, probs, kind = rows[node]
+            if j < len(ids) and (e := (1.0 if node < 0 else estimate[node]) * luts[kind][probs[j]]) > floor:
+                heapq.heappush(heap, (-e, node, j))
+
+        # One heap, best first, of (-key, node, j): j = -1, a node whose row is not read yet, keyed by the
+        # most its children could be worth; j >= 0, the j-th child in its row, keyed by its estimate. A
+        # row's next child goes on the heap when the one before it comes off.
+        heap = [(-best, -1, -1)] + [(-e * best, i, -1) for i, e in enumerate(estimate) if e * best > floor]
+        heapq.heapify(heap)
         above, added = 0, 0  # draft nodes at least as good as the current entry; nodes the table added
         while heap:
-            neg, node, token, cell = heapq.heappop(heap)
-            if -neg < MIN_PATH:
-                break
+            neg, node, j = heapq.heappop(heap)
             while above < len(drafted) and drafted[above] >= -neg:
                 above += 1
             if above + added >= max_nodes:
                 break  # every further node would fall outside the best max_nodes
-            if token < 0:  # read the node's row: its hints become children to add
-                found = row_of(node)
-                if found is not None:
-                    ids, probs, kind = found
-                    base = 1.0 if node < 0 else estimate[node]
-                    lut = luts[kind]
-                    for t, b in zip(ids, probs):
-                        e = base * lut[b]
-                        if e >= MIN_PATH:
-                            heapq.heappush(heap, (-e, node, t, kind * 256 + b))
+            if j < 0:
+                if row_of(node) is not None:
+                    offer(node, 0)
                 continue
+            offer(node, j + 1)
+            ids, probs, kind = rows[node]
+            token, cell = ids[j], kind * 256 + probs[j]
             i = child_at.get((node, token))
             if i is not None:  # the draft has it: the table backs it too
                 if cells[i] < 0:
@@ -199,15 +207,17 @@ class Recycler:
             tails.append(((root_tail if node < 0 else tails[node]) + (token,))[-CONTEXT:])
             child_at[(node, token)] = i
             added += 1
-            heapq.heappush(heap, (-(-neg) * best, i, -1, -1))
+            if -neg * best > floor:
+                heapq.heappush(heap, (neg * best, i, -1))
         # Path estimates never grow downwards and ties go shallower first, so parents come first.
         order = sorted(range(len(tokens)), key=lambda i: (-estimate[i], depth[i], i))[:max_nodes]
         new = {old: k for k, old in enumerate(order)}
         self._cells = [cells[i] for i in order]
-        self._judged = [judged[i] if i < len(draft) else None for i in order]
+        drafted_nodes = len(draft)
+        self._judged = [judged[i] if i < drafted_nodes else None for i in order]
         tree = DraftTree([tokens[i] for i in order], [new[parents[i]] if parents[i] >= 0 else -1 for i in order],
                          accept_probs=[min(1.0, estimate[i]) for i in order])
-        return tree, [i if i < len(draft) else -1 for i in order]
+        return tree, [i if i < drafted_nodes else -1 for i in order]
 
     def _judge(self, draft: DraftTree, row_of) -> tuple[list[float], list[tuple[int, float] | None]]:
         """The draft's estimates corrected by what the table says at their parents: a retrieval candidate

@@ -5,6 +5,8 @@ target's own recycled predictions (edge/recycling.py), under the same node budge
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from specedge.common.draft_tree import DraftTree
@@ -20,6 +22,8 @@ from specedge.edge.recycling import CONTEXT, Recycler
 from specedge.edge.tree_builder import CandidateSet, build_draft
 
 RECENCY = 0.97  # weight factor per more recent occurrence of the same match
+SENT_WINDOW = 16  # rounds: a draft has at most GROW_SLACK more nodes than the most sent in any of them
+GROW_SLACK = 16
 STRONG_MATCH = 8  # a context match this long makes the long-term datastore's candidates unnecessary
 HISTORY_TOKENS = 1 << 20  # earlier outputs remembered; the older half is forgotten beyond this
 
@@ -47,6 +51,7 @@ class RetrievalDrafter:
         # (source, depth) -> [reached, accepted] over the nodes sent: where drafted tokens are won and lost
         # (source: retrieval, table, both); for reports, nothing reads it here.
         self.verdicts_by_source: dict[tuple[str, int], list[int]] = {}
+        self._sent: deque[int] = deque(maxlen=SENT_WINDOW)  # nodes sent in the last rounds
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.index = ContextIndex(prompt_ids)
@@ -75,15 +80,19 @@ class RetrievalDrafter:
         return CandidateSet.concat(parts)
 
     def propose(self) -> DraftTree:
-        draft, stats = build_draft(self.candidates(), self.model, self.max_nodes, self.max_depth)
+        # Every node costs drafting time: build no more than the controller has lately had use for (it may
+        # take GROW_SLACK more each round when the drafts get better).
+        cap = min(self.max_nodes, max(self._sent) + GROW_SLACK) if self._sent else self.max_nodes
+        draft, stats = build_draft(self.candidates(), self.model, cap, self.max_depth)
         self._cells = stats.cells()
         if self.recycler is not None and len(self.recycler.table):
-            draft, source = self.recycler.grow(draft, self._tail(CONTEXT), self.max_nodes)
+            draft, source = self.recycler.grow(draft, self._tail(CONTEXT), cap)
             source = np.asarray(source, dtype=np.int64)
             self._cells = np.where(source >= 0, self._cells[np.maximum(source, 0)] if len(self._cells) else -1, -1)
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
+        self._sent.append(len(tree))
         if len(tree):
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
             cells = self._cells[: len(tree)]
