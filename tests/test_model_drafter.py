@@ -95,9 +95,12 @@ def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_
     committed = edge_tokenizer.encode(" a cat, because cats are quiet and clean and they sleep all day long" * 3)
     drafter.observe(DraftTree.empty(), StepResult(tokens=committed, accepted=[], compute_ms=50.0))
     assert len(committed) > 3 * CATCH_UP_BATCH
+    # Speculation also stops at the round's expected end; a round far longer than any host's forwards
+    # leaves the verdict as the only stop, whatever the host's speed.
+    drafter.round_ms = 600_000.0
     drafter.speculate(stop=lambda: True)
     assert drafter.model.tokens == prompt + committed[:CATCH_UP_BATCH]  # one forward, then the verdict
-    verdicts = iter([False] * 2 + [True] * 100)
+    verdicts = iter([False] + [True] * 100)  # in after the second batch of this round's catch-up
     drafter.speculate(stop=lambda: next(verdicts))
     assert drafter.model.tokens == prompt + committed[:3 * CATCH_UP_BATCH]
     assert len(drafter.propose()) > 0  # the next draft reads the rest first
