@@ -4,11 +4,11 @@ trees grown from it.
 Every verified position tells what the target would say next after its token, and the edge gets those
 rows for the root and every node it sent, accepted or not (Luo et al., "Turning Trash into Treasure",
 keep the same table on the GPU next to the model). `RecyclingTable` keeps the newest row per token, and
-per context of the last two and three tokens (more specific, so the longest one known is read first).
+per context of the last two tokens (more specific: read first where known).
 `Recycler.grow` extends a draft best first with the table's rows: at every node, the row of its text's
 ending offers children whose estimate is the node's path estimate times the calibrated probability of
 the hint; a child that the draft already has keeps the higher estimate. Calibration (edge/calibration.py)
-is per kind of row (by one, two or three tokens): a hint's probability was the target's in another
+is per kind of row (by one token or by two): a hint's probability was the target's in another
 context, so what it is worth here is learned from the verdicts.
 """
 
@@ -24,8 +24,8 @@ from specedge.edge.calibration import Calibration
 
 CONTEXT = 2  # rows are also kept by the last 2 tokens, read first where known (3 measured no better)
 MIN_PATH = 0.02  # no node below this estimated acceptance (the controller would not send it anyway)
-MAX_CONTEXT_ROWS = 1 << 17  # rows kept by 2 or 3 tokens; the least recently updated half goes beyond this
-# A fresh calibration's belief, per kind of row (by 1, 2, 3 tokens), in shares of the hint's probability:
+MAX_CONTEXT_ROWS = 1 << 17  # rows kept by 2 tokens; the least recently updated half goes beyond this
+# A fresh calibration's belief, per kind of row (by 1, 2 tokens), in shares of the hint's probability:
 # replaying Spec-Bench summarization and rag with the model's hints, rows by one token were accepted at
 # about half the rate their probability says, rows by two at about the rate it says.
 PRIOR_SCALE = (0.5, 0.9)
@@ -37,7 +37,7 @@ _TOKEN_BITS = 20  # context keys pack tokens into one int: vocabularies up to 2*
 
 class RecyclingTable:
     """The newest hint row per token (a vocab x k array, allocated on first use) and per context of the
-    last 2 and 3 tokens (bounded, least recently updated first out)."""
+    last 2 tokens (bounded, least recently updated first out)."""
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -132,7 +132,7 @@ class Recycler:
 
     def __init__(self, k: int) -> None:
         self.table = RecyclingTable(k)
-        self.calibration = [Calibration(scale) for scale in PRIOR_SCALE]  # by kind: rows by 1, 2, 3 tokens
+        self.calibration = [Calibration(scale) for scale in PRIOR_SCALE]  # by kind: rows by 1, 2 tokens
         self._luts: list[list[float]] | None = None  # by kind: probability byte -> calibrated probability
         self._cells: list[int] = []  # per node of the last grown draft: kind * 256 + probability byte, or -1
         # Correcting the draft's own estimates: per class (row kind x agreement), the verdicts on judged nodes
