@@ -50,7 +50,7 @@ for step in "${steps[@]}"; do
       $BIN/specedge bench --workload specbench:$OTHER --per-category 2 --max-new-tokens 128 \
         --reps 2 --chat --drafters retrieval:no-hints,retrieval --baselines ar,suffix --out $OUT/hints-other ;;
     hints-replay)  # section 7: tokens per pass with every node's hints from the model, CPU and free passes
-      for cost in cpu flat; do
+      for cost in ${HINTS_REPLAY_COSTS:-cpu flat}; do
         $BIN/python bench/replay.py $OUT/hints-main/runs.jsonl --chat --hints model --cost $cost --by-source \
           --drafters retrieval:no-hints,retrieval
       done ;;
