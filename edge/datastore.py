@@ -3,7 +3,7 @@
 Reading the corpus backwards turns "the longest suffix of my context that occurs in the corpus" into one
 left-to-right search: each further context token, read from the end, narrows the suffix-array range of
 occurrences, so the deepest non-empty range holds every occurrence of the longest match. The suffix array
-is built by libdivsufsort (`pydivsufsort`). Documents are separated by -1, which no continuation crosses.
+is built in numpy (edge/suffix_array.py). Documents are separated by -1, which no continuation crosses.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from specedge.edge.suffix_array import suffix_array
 
 SEPARATOR = -1
 FORMAT = 1
@@ -145,8 +147,6 @@ def build(
     progress: Callable[[str], None] = lambda msg: None,
 ) -> dict:
     """Write a datastore of the given token documents to `out`; returns its metadata."""
-    import pydivsufsort
-
     start = time.perf_counter()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +160,7 @@ def build(
     corpus = np.concatenate(parts) if parts else np.array([SEPARATOR], dtype=np.int32)
     progress(f"{len(corpus):,} tokens from {num_docs} documents; sorting suffixes")
     t_sort = time.perf_counter()
-    sa = pydivsufsort.divsufsort(np.ascontiguousarray(corpus[::-1]))
+    sa = suffix_array(corpus[::-1])
     sort_s = time.perf_counter() - t_sort
     np.save(out / "corpus.npy", corpus)
     np.save(out / "reversed_sa.npy", sa.astype(np.int32 if len(corpus) < 2**31 else np.int64))

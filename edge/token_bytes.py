@@ -9,25 +9,12 @@ Special tokens (`<eos>`, `<|im_end|>`, ...) have no bytes: they are not text (No
 
 from __future__ import annotations
 
-import json
 import re
 
-import tokenizers
+from specedge.edge.bpe_tokenizer import BpeTokenizer
+from specedge.edge.text_steps import char_bytes
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-def gpt2_unicode_to_byte() -> dict[str, int]:
-    """GPT-2's printable stand-in character for each byte, inverted."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return {c: b for b, c in chars.items()}
 
 
 def _decoders(spec: dict | None) -> list[dict]:
@@ -36,19 +23,19 @@ def _decoders(spec: dict | None) -> list[dict]:
     return [d for inner in spec["decoders"] for d in _decoders(inner)] if spec["type"] == "Sequence" else [spec]
 
 
-def token_bytes(tokenizer: tokenizers.Tokenizer) -> list[bytes | None]:
+def token_bytes(tokenizer: BpeTokenizer) -> list[bytes | None]:
     """Bytes of each token id, None for special tokens and ids without a token."""
-    decoders = _decoders(json.loads(tokenizer.decoder.__getstate__()) if tokenizer.decoder else None)
+    decoders = _decoders(tokenizer.steps.get("decoder"))
     kinds = {d["type"] for d in decoders}
     unsupported = kinds - {"ByteLevel", "ByteFallback", "Replace", "Fuse"}
     if unsupported:  # e.g. Strip or Metaspace's prefix handling: token bytes would depend on position
         raise ValueError(f"cannot tell token bytes for a tokenizer with decoders {sorted(unsupported)}")
     replaces = [(d["pattern"]["String"], d["content"]) for d in decoders if d["type"] == "Replace"]
-    byte_level = gpt2_unicode_to_byte() if "ByteLevel" in kinds else None
+    byte_level = char_bytes() if "ByteLevel" in kinds else None
     byte_fallback = "ByteFallback" in kinds
-    added = tokenizer.get_added_tokens_decoder()
+    added = tokenizer.added
     out: list[bytes | None] = []
-    for i in range(tokenizer.get_vocab_size(with_added_tokens=True)):
+    for i in range(tokenizer.vocab_size):
         piece = tokenizer.id_to_token(i)
         if i in added:
             out.append(None if added[i].special else added[i].content.encode("utf-8"))

@@ -1,6 +1,7 @@
-"""The target model's tokenizer on the edge, without transformers: the `tokenizers` library turns text into
-token ids and back, and jinja2 renders the chat template the way transformers' `apply_chat_template` does
-(same sandbox, options, filters and globals), so prompts encode to the same ids byte for byte
+"""The target model's tokenizer on the edge, without transformers or the `tokenizers` library: the
+verifier's tokenizer.json run in plain Python (edge/bpe_tokenizer.py) turns text into token ids and back,
+and jinja2 renders the chat template the way transformers' `apply_chat_template` does (same sandbox,
+options, filters and globals), so prompts encode to the same ids byte for byte
 (tests/test_edge_tokenizer.py checks both models against transformers)."""
 
 from __future__ import annotations
@@ -10,13 +11,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cached_property, lru_cache
 
-import tokenizers
-
 from specedge.common.tokenizer_bundle import TokenizerBundle, tokenizer_fingerprint, transformers_clean_up
+from specedge.edge.bpe_tokenizer import BpeTokenizer
 
 
 class EdgeTokenizer:
-    def __init__(self, backend: tokenizers.Tokenizer, chat_template: str | None, special_tokens: dict[str, str],
+    def __init__(self, backend: BpeTokenizer, chat_template: str | None, special_tokens: dict[str, str],
                  clean_up_spaces: bool = False) -> None:
         self.backend = backend
         self.chat_template = chat_template
@@ -25,18 +25,18 @@ class EdgeTokenizer:
 
     @classmethod
     def from_bundle(cls, bundle: TokenizerBundle) -> EdgeTokenizer:
-        return cls(tokenizers.Tokenizer.from_str(bundle.tokenizer_json.decode()), bundle.chat_template,
-                   bundle.special_tokens, bundle.clean_up_spaces)
+        return cls(BpeTokenizer.from_json(bundle.tokenizer_json), bundle.chat_template, bundle.special_tokens,
+                   bundle.clean_up_spaces)
 
     @classmethod
     def from_transformers(cls, tokenizer) -> EdgeTokenizer:
-        """From a transformers (fast) tokenizer already in memory, e.g. the verifier's own."""
-        return cls(tokenizer.backend_tokenizer, tokenizer.chat_template, tokenizer.special_tokens_map,
-                   transformers_clean_up(tokenizer))
+        """From a transformers (fast) tokenizer already in memory, e.g. the verifier's own: what it runs."""
+        return cls(_bpe_of(tokenizer.backend_tokenizer.to_str()), tokenizer.chat_template,
+                   tokenizer.special_tokens_map, transformers_clean_up(tokenizer))
 
     @cached_property
     def fingerprint(self) -> str:
-        return tokenizer_fingerprint(self.backend.get_vocab(with_added_tokens=True), self.special_tokens)
+        return tokenizer_fingerprint(self.backend.get_vocab(), self.special_tokens)
 
     def token_id(self, name: str) -> int | None:
         """The id of a named special token ("eos_token", ...), None if the tokenizer has none."""
@@ -45,11 +45,11 @@ class EdgeTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` with the tokenizer's own special tokens (e.g. BOS), as `tokenizer(text)`."""
-        return self.backend.encode(text).ids
+        return self.backend.encode(text)
 
     def encode_documents(self, texts: list[str]) -> list[list[int]]:
         """Token ids of many texts, without special tokens (the long-term datastore's documents)."""
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        return self.backend.encode_batch(texts, add_special_tokens=False)
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
@@ -61,11 +61,17 @@ class EdgeTokenizer:
         if not chat:
             return self.encode(prompt)
         rendered = self.render_chat([{"role": "user", "content": prompt}])
-        return self.backend.encode(rendered, add_special_tokens=False).ids
+        return self.backend.encode(rendered, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
         return _clean_up(text) if self.clean_up_spaces else text
+
+
+@lru_cache(maxsize=4)
+def _bpe_of(tokenizer_json: str) -> BpeTokenizer:
+    """Read once per process: Gemma 3's JSON takes ~1.2 s (tests and benchmarks make many clients)."""
+    return BpeTokenizer.from_json(tokenizer_json)
 
 
 def stop_at_strings(tokenizer: EdgeTokenizer, stops: Sequence[str]) -> Callable[[list[int]], int | None]:

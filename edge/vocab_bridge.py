@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import tokenizers
 
+from specedge.edge.bpe_tokenizer import BpeTokenizer
 from specedge.edge.chat_turns import Render, conversation_of
 
 LOOKBEHIND_TOKENS = 2  # drafter tokens re-tokenised after each verdict: boundary merges reach this far back
@@ -77,7 +77,7 @@ class CrossVocab:
     cross = True
 
     def __init__(self, drafter_bytes: list[bytes | None], target_bytes: list[bytes | None],
-                 target: tokenizers.Tokenizer, tokenize: Callable[..., list[int]], bos_id: int | None,
+                 target: BpeTokenizer, tokenize: Callable[..., list[int]], bos_id: int | None,
                  end_ids: dict[int, int], chat: tuple[Render, Render] | None = None) -> None:
         self.drafter_bytes = drafter_bytes
         self.target_bytes = target_bytes
@@ -186,12 +186,19 @@ class CrossVocab:
         return [d for d in out if d is not None and d.ids]
 
     def _encode(self, text: str, before: str) -> TargetDraft | None:
-        enc = self.target.encode(before + text, add_special_tokens=False)
-        first = next((i for i, (_, end) in enumerate(enc.offsets) if end > len(before)), len(enc.ids))
-        if first < len(enc.ids) and enc.offsets[first][0] < len(before):
+        """`text` in target ids, tokenised after `before`; None where a token straddles the two, or where
+        the ids do not spell the text byte for byte (a literal special token, a character the
+        vocabulary drops)."""
+        ids = self.target.encode(before + text, add_special_tokens=False)
+        spelled = [self.target_bytes[t] or b"" for t in ids]
+        if b"".join(spelled) != (before + text).encode("utf-8"):
+            return None
+        ends = np.cumsum([len(b) for b in spelled], dtype=np.int64).tolist()
+        boundary = len(before.encode("utf-8"))
+        first = next((i for i, end in enumerate(ends) if end > boundary), len(ids))
+        if first < len(ids) and (ends[first - 1] if first else 0) < boundary:
             return None  # a token straddles the committed text: this tokenisation cannot follow it
-        ids = enc.ids[first:]
-        return TargetDraft(ids, np.cumsum([len(self.target_bytes[t] or b"") for t in ids]).tolist())
+        return TargetDraft(ids[first:], [end - boundary for end in ends[first:]])
 
 
 END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>")
@@ -207,7 +214,7 @@ def end_map(drafter_ends: dict[int, str], target_ends: dict[int, str]) -> dict[i
     return {d: target_turn if text in END_OF_TURN else first for d, text in drafter_ends.items()}
 
 
-def bridge_between(model, target: tokenizers.Tokenizer, target_ends: dict[int, str],
+def bridge_between(model, target: BpeTokenizer, target_ends: dict[int, str],
                    target_template: Render | None = None) -> SameVocab | CrossVocab:
     """SameVocab when every token of the drafter (a DraftModel) has the target's bytes under the same id,
     else CrossVocab. `target_ends`: the target's end-of-generation ids and their texts; `target_template`

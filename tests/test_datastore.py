@@ -1,5 +1,6 @@
-"""Long-term datastore: the longest match of a context's ending and all its occurrences, checked by brute
-force on random token strings; continuations stop at document boundaries; bad stores are refused."""
+"""Long-term datastore: its suffix arrays and the longest match of a context's ending with all its
+occurrences, checked by brute force on random token strings; continuations stop at document boundaries;
+bad stores are refused."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specedge.edge import datastore
 from specedge.edge.datastore import Datastore
+from specedge.edge.suffix_array import suffix_array
 
 
 def brute_force(docs: list[list[int]], context: list[int], max_len: int) -> tuple[int, set[tuple[int, int]]]:
@@ -34,6 +38,29 @@ def corpus_positions(docs: list[list[int]]) -> dict[int, tuple[int, int]]:
             out[pos + i] = (d, i)
         pos += len(doc) + 1
     return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.integers(-1, 3), max_size=80) | st.lists(st.sampled_from([-1, 7, 262_143]), max_size=80),
+       st.integers(1, 6))
+def test_the_suffix_array_orders_suffixes_as_sorting_them_does(tokens, repeats):
+    """Few distinct tokens and repeated runs: long shared prefixes, many doubling rounds."""
+    tokens = (tokens * repeats)[:300]
+    got = suffix_array(np.array(tokens, dtype=np.int32))
+    assert got.tolist() == sorted(range(len(tokens)), key=lambda i: tokens[i:])
+    assert got.dtype == np.int32
+
+
+def test_the_suffix_array_of_a_long_repetitive_text_is_sorted():
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 50_000, size=2_000)
+    tokens = np.concatenate([block, rng.integers(0, 5, size=3_000), block, block[:700], [-1], block])
+    sa = suffix_array(tokens)
+    assert sorted(sa.tolist()) == list(range(len(tokens)))
+    for a, b in zip(sa[:-1], sa[1:]):  # each neighbour pair in order: first difference, or a is a prefix
+        n = min(len(tokens) - a, len(tokens) - b)
+        differ = np.flatnonzero(tokens[a:a + n] != tokens[b:b + n])
+        assert tokens[a + differ[0]] < tokens[b + differ[0]] if len(differ) else len(tokens) - a < len(tokens) - b
 
 
 @pytest.mark.parametrize("seed", range(25))

@@ -1,6 +1,7 @@
 """`pip install specedge[edge]` alone, in a fresh venv, gives a client that generates against a verifier on
-loopback (its output is the model's own greedy output) without torch, transformers or the verifier's code
-in its process, and without the model: the tokenizer comes from the verifier."""
+loopback (its output is the model's own greedy output) without torch, transformers, the `tokenizers`
+library or the verifier's code in its process, and without the model: the tokenizer comes from the
+verifier."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_the_edge_alone_installs_without_torch_and_generates_the_models_own_outp
     python = build_edge_venv(tmp_path, log=lambda msg: None)
     installed = installed_packages(python)
     assert "specedge" in installed
-    assert not {"torch", "transformers", "accelerate", "gguf", "safetensors"} & set(installed)
+    assert not {"torch", "transformers", "accelerate", "gguf", "safetensors", "tokenizers", "huggingface_hub",
+                "huggingface-hub", "pydivsufsort"} & set(installed)
     hf, tokenizer = real_model(MODEL)
     with EmbeddedVerifier(ServerConfig(model=MODEL, port=0, kv_pool_mb=64), (hf, tokenizer)) as verifier:
         env = {**os.environ, "SPECEDGE_CACHE": str(tmp_path / "edge-cache")}  # nothing cached: it must fetch

@@ -1,6 +1,7 @@
-"""The edge's tokenizer (the `tokenizers` library and jinja2, no transformers) encodes prompts, renders chat
-templates and decodes exactly as transformers does, on both models; the verifier serves it (GetTokenizer)
-and the edge keeps it on disk under its fingerprint."""
+"""The edge's tokenizer (the served tokenizer.json run in plain Python, and jinja2; no transformers, no
+`tokenizers` library) encodes prompts, renders chat templates and decodes exactly as transformers does, on
+both models; the verifier serves it (GetTokenizer) and the edge keeps it on disk, compiled, under its
+fingerprint."""
 
 from __future__ import annotations
 
@@ -148,13 +149,16 @@ def test_a_client_without_a_tokenizer_fetches_the_verifiers_once_and_then_uses_i
 
 
 def test_a_damaged_cached_tokenizer_is_fetched_again(tokenizer_verifier, tmp_path, monkeypatch):
-    verifier, _ = tokenizer_verifier
+    verifier, hf = tokenizer_verifier
     monkeypatch.setenv("SPECEDGE_CACHE", str(tmp_path))
     fingerprint = EdgeClient(verifier.target, drafter="none").tokenizer.fingerprint
     config = tmp_path / "tokenizers" / fingerprint / "specedge-tokenizer.json"
     config.write_text(config.read_text().replace("<|im_end|>", "<|endoftext|>"))  # another eos: another fingerprint
     assert EdgeClient(verifier.target, drafter="none").tokenizer.fingerprint == fingerprint
     assert "<|im_end|>" in config.read_text()
+    merges = tmp_path / "tokenizers" / fingerprint / "compiled" / "merges.npy"
+    merges.write_bytes(merges.read_bytes()[:-12])  # a compiled form cut short: the same, fetched again
+    assert EdgeClient(verifier.target, drafter="none").tokenizer.encode("Hi there") == hf.encode("Hi there")
 
 
 def test_get_tokenizer_refuses_another_fingerprint_and_a_verifier_without_a_tokenizer_says_so(tokenizer_verifier):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tokenizers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specedge.cloud.model_registry import resolve_model_dir
+from specedge.edge.bpe_tokenizer import BpeTokenizer
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
 from specedge.edge.token_bytes import token_bytes
@@ -33,13 +33,13 @@ TEXT = st.lists(st.sampled_from(HARD) | st.text(min_size=1, max_size=12), min_si
 
 
 @pytest.fixture(scope="module")
-def target() -> tokenizers.Tokenizer:
-    return tokenizers.Tokenizer.from_file(str(resolve_model_dir("gemma3-270m") / "tokenizer.json"))
+def target() -> BpeTokenizer:
+    return BpeTokenizer.from_json((resolve_model_dir("gemma3-270m") / "tokenizer.json").read_bytes())
 
 
 @pytest.fixture(scope="module")
-def drafter_tokenizer() -> tokenizers.Tokenizer:
-    return tokenizers.Tokenizer.from_file(str(resolve_model_dir("smollm2-135m") / "tokenizer.json"))
+def drafter_tokenizer() -> BpeTokenizer:
+    return BpeTokenizer.from_json((resolve_model_dir("smollm2-135m") / "tokenizer.json").read_bytes())
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_token_bytes_spell_the_encoded_text(request, which):
     @settings(max_examples=150, deadline=None)
     @given(TEXT)
     def check(text):
-        ids = tok.encode(text, add_special_tokens=False).ids
+        ids = tok.encode(text, add_special_tokens=False)
         spelled = b"".join(table[i] for i in ids)
         if tok.decode(ids) == text:
             assert spelled == text.encode("utf-8")
@@ -121,7 +121,7 @@ def test_the_drafter_context_follows_committed_text_in_any_pieces(bridge, target
     @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(TEXT, st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=30))
     def check(text, pieces):
-        ids = target.encode(text, add_special_tokens=False).ids
+        ids = target.encode(text, add_special_tokens=False)
         context = bridge.begin([2])  # the target's BOS: a special token, not text
         assert b"".join(bridge.drafter_bytes[t] for t in context) == b""
         at = 0
@@ -139,7 +139,7 @@ def test_drafted_text_becomes_target_ids_that_spell_it(bridge, target):
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(TEXT, TEXT, st.integers(min_value=0, max_value=60))
     def check(committed, drafted, cut):
-        bridge.begin(target.encode(committed, add_special_tokens=False).ids)
+        bridge.begin(target.encode(committed, add_special_tokens=False))
         raw = drafted.encode("utf-8")[:cut]  # drafts can end inside a character
         variants = bridge.target_drafts(raw)
         assert len(variants) <= 2
@@ -149,7 +149,7 @@ def test_drafted_text_becomes_target_ids_that_spell_it(bridge, target):
             assert variant.text_ends == np.cumsum([len(bridge.target_bytes[t]) for t in variant.ids]).tolist()
         if complete_utf8(raw):
             assert variants and variants[0].ids == target.encode(complete_utf8(raw).decode(),
-                                                                 add_special_tokens=False).ids
+                                                                 add_special_tokens=False)
 
     check()
 
@@ -162,9 +162,9 @@ def _spellable(raw: bytes) -> bytes:
 def test_a_draft_that_would_merge_with_committed_text_gets_the_standalone_tokenisation_only(bridge, target):
     """"I like" + "s apples": in context, "likes" would be one token straddling committed ids, which are
     fixed; the target must continue "I like" with "s", so that is what is offered."""
-    bridge.begin(target.encode("I like", add_special_tokens=False).ids)
+    bridge.begin(target.encode("I like", add_special_tokens=False))
     (only,) = bridge.target_drafts(b"s apples")
-    assert only.ids == target.encode("s apples", add_special_tokens=False).ids
+    assert only.ids == target.encode("s apples", add_special_tokens=False)
 
 
 def test_end_of_turn_maps_to_end_of_turn():
@@ -185,9 +185,9 @@ def test_a_chat_prompt_reaches_the_drafter_in_its_own_template(drafter, target):
                     {"role": "user", "content": "Another one, please."}]
     own = render_chat(drafter.chat_template, conversation, drafter.special_tokens)
     assert own.startswith("<|im_start|>") and "<start_of_turn>" not in own
-    context = list(bridge.begin(target.encode(gemma(conversation), add_special_tokens=False).ids))
+    context = list(bridge.begin(target.encode(gemma(conversation), add_special_tokens=False)))
     assert context == drafter.tokenize(own, special=True)
-    assert bridge.commit(target.encode("Green, like grass", add_special_tokens=False).ids) == \
+    assert bridge.commit(target.encode("Green, like grass", add_special_tokens=False)) == \
         context + drafter.tokenize("Green, like grass")
-    assert bridge.begin(target.encode("Once upon a time", add_special_tokens=False).ids) == \
+    assert bridge.begin(target.encode("Once upon a time", add_special_tokens=False)) == \
         drafter.tokenize("Once upon a time")
