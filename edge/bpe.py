@@ -20,19 +20,21 @@ from heapq import heapify, heappop, heappush
 
 import numpy as np
 
+from specedge.edge.merge_table import MergeTable
+
 SPACE = "\u2581"  # SentencePiece's visible space
 CACHE_WORDS = 100_000
 CACHE_WORD_CHARS = 256
 
 
 class BpeModel:
-    def __init__(self, tokens: list[str | None], merges: np.ndarray, unk_token: str | None = None,
+    def __init__(self, tokens: list[str | None], merges: MergeTable, unk_token: str | None = None,
                  byte_fallback: bool = False, fuse_unk: bool = False, continuing_subword_prefix: str = "",
                  end_of_word_suffix: str = "", ignore_merges: bool = False) -> None:
-        """`tokens`: each id's string (None where an id has none); `merges`: [n, 3] rows (left id, right id,
-        merged id) in rank order."""
+        """`tokens`: each id's string (None where an id has none); `merges`: left * len(tokens) + right ->
+        rank * len(tokens) + merged id."""
         self.tokens = tokens
-        self.merge_rows = merges
+        self.merges = merges
         self.size = len(tokens)
         self.byte_fallback = byte_fallback
         self.fuse_unk = fuse_unk
@@ -49,10 +51,6 @@ class BpeModel:
         self.unk_id = None if unk_token is None else self._symbols.get(unk_token)
         if unk_token is not None and self.unk_id is None:
             raise ValueError(f"the BPE model's unknown token {unk_token!r} is not in its vocabulary")
-        size = self.size
-        keys = (merges[:, 0].astype(np.int64) * size + merges[:, 1]).tolist()
-        values = (np.arange(len(merges), dtype=np.int64) * size + merges[:, 2]).tolist()
-        self._merges: dict[int, int] = dict(zip(keys, values))  # left * size + right -> rank * size + merged
         self._cuts = self._space_cuts() if not affixed else None
         self._cache: dict[str, tuple[int, ...]] = {}
 
@@ -74,7 +72,7 @@ class BpeModel:
                 rows.append((vocab[left], vocab[right], vocab[left + right[len(prefix):]]))
             except KeyError as e:
                 raise ValueError(f"BPE merge {left!r} + {right!r} names a token outside the vocabulary") from e
-        merges = np.array(rows, dtype=np.int32).reshape(-1, 3)
+        merges = MergeTable.build(np.array(rows, dtype=np.int64).reshape(-1, 3), len(tokens))
         return cls(tokens, merges, **options_of(spec))
 
     def encode(self, word: str) -> Sequence[int]:
@@ -92,6 +90,9 @@ class BpeModel:
                     self._cache.clear()
                 self._cache[word] = ids
         return ids
+
+    def forget_words(self) -> None:
+        self._cache.clear()
 
     def _encode(self, word: str) -> list[int]:
         if self.ignore_merges and (whole := self._symbols.get(word)) is not None:
@@ -130,15 +131,15 @@ class BpeModel:
         n = len(ids)
         if n < 2:
             return ids
-        merges, size = self._merges, self.size
+        get, size = self.merges.get, self.size
         after = list(range(1, n + 1))
         after[-1] = -1
         before = list(range(-1, n - 1))
         alive = [True] * n
         heap = []
         for pos in range(n - 1):
-            m = merges.get(ids[pos] * size + ids[pos + 1])
-            if m is not None:
+            m = get(ids[pos] * size + ids[pos + 1])
+            if m >= 0:
                 heap.append((m // size, pos, m % size))  # (rank, position, merged id): lowest rank, leftmost
         heapify(heap)
         while heap:
@@ -146,8 +147,8 @@ class BpeModel:
             right = after[pos]
             if not alive[pos] or right < 0:
                 continue
-            m = merges.get(ids[pos] * size + ids[right])
-            if m is None or m % size != merged:  # this pair changed since the entry was pushed
+            m = get(ids[pos] * size + ids[right])
+            if m < 0 or m % size != merged:  # this pair changed since the entry was pushed
                 continue
             ids[pos] = merged
             alive[right] = False
@@ -155,13 +156,13 @@ class BpeModel:
             after[pos] = nxt
             if nxt >= 0:
                 before[nxt] = pos
-                m = merges.get(merged * size + ids[nxt])
-                if m is not None:
+                m = get(merged * size + ids[nxt])
+                if m >= 0:
                     heappush(heap, (m // size, pos, m % size))
             prev = before[pos]
             if prev >= 0:
-                m = merges.get(ids[prev] * size + merged)
-                if m is not None:
+                m = get(ids[prev] * size + merged)
+                if m >= 0:
                     heappush(heap, (m // size, prev, m % size))
         return [ids[pos] for pos in range(n) if alive[pos]]
 

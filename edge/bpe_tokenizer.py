@@ -7,9 +7,9 @@ word, and the post-processor adds the special tokens (e.g. Gemma's BOS). Decodin
 through the decoder chain. tests/test_bpe_tokenizer.py checks ids and text against the library on both
 models and on random text; a tokenizer using a step not written here is refused by name when loaded.
 
-Loading the JSON of a 262k-token vocabulary (Gemma 3: 14 MB, 515k merges) takes ~1.2 s and ~290 MB at
+Loading the JSON of a 262k-token vocabulary (Gemma 3: 14 MB, 515k merges) takes ~1.5 s and ~290 MB at
 peak, so a fetched tokenizer is also kept compiled (`save`/`load`: token strings as one marshal blob,
-merges as an int32 array): ~0.2 s and ~110 MB.
+merges as their hash table's arrays, edge/merge_table.py).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import numpy as np
 
 from specedge.edge import text_steps
 from specedge.edge.bpe import BpeModel
+from specedge.edge.merge_table import MergeTable
 from specedge.edge.unicode_regex import WHITE_SPACE, compile_onig
 
-COMPILED_FORMAT = 1
+COMPILED_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ class BpeTokenizer:
         """The compiled form, for `load`: much faster than the JSON for large vocabularies."""
         directory = Path(directory)
         (directory / "tokens.marshal").write_bytes(marshal.dumps(self.model.tokens))
-        np.save(directory / "merges.npy", self.model.merge_rows)
+        np.save(directory / "merge_keys.npy", self.model.merges.keys_array)
+        np.save(directory / "merge_values.npy", self.model.merges.values_array)
         model = {"byte_fallback": self.model.byte_fallback, "fuse_unk": self.model.fuse_unk,
                  "continuing_subword_prefix": self.model.prefix, "end_of_word_suffix": self.model.suffix,
                  "ignore_merges": self.model.ignore_merges,
@@ -88,7 +90,8 @@ class BpeTokenizer:
         if config.get("format") != COMPILED_FORMAT:
             raise ValueError(f"{directory}: compiled tokenizer of another format")
         tokens = marshal.loads((directory / "tokens.marshal").read_bytes())
-        model = BpeModel(tokens, np.load(directory / "merges.npy"), **config["model"])
+        merges = MergeTable(np.load(directory / "merge_keys.npy"), np.load(directory / "merge_values.npy"))
+        model = BpeModel(tokens, merges, **config["model"])
         return cls(model, [AddedToken(**a) for a in config["added_tokens"]], config["steps"])
 
     # --- the vocabulary -----------------------------------------------------------------------------------
@@ -141,6 +144,11 @@ class BpeTokenizer:
         tokens = [t for i in ids if (t := self.id_to_token(i)) is not None
                   and not (skip_special_tokens and self.is_special(i))]
         return "".join(self._decode(tokens)) if self._decode is not None else " ".join(tokens)
+
+    def forget_words(self) -> None:
+        """Empty the memos of words already encoded (for timing a client that has seen no text yet)."""
+        self.model.forget_words()
+        text_steps.forget_words()
 
     def _with_special_tokens(self, ids: list[int]) -> list[int]:
         out: list[int] = []

@@ -2,13 +2,12 @@
 
 After a first sort by the first few tokens, each round sorts the suffixes that still share their first h
 tokens with another one by the rank of what follows those h tokens, so h doubles per round; a suffix
-whose group has become a singleton is settled and drops out (Larsson and Sadakane's refinement). Natural text settles most suffixes within a few rounds,
-so the rounds after those are small; only long repeats keep suffixes in play, for log2(repeat length)
-rounds. Measured here on one core, for the 10M tokens of bench/drafting_bench.py (Spec-Bench sentences
-reshuffled into documents: many repeats): 7.1 s, where libdivsufsort takes 1.2 s. That is still a small
-part of a datastore's build (tokenising takes ~30 s), and the only packaging of libdivsufsort for
-integer alphabets (`pydivsufsort`) installs 12 MB: more than everything else the edge needs beyond numpy
-and grpcio (BENCHMARKS.md, "Edge start-up").
+whose group has become a singleton is settled and drops out (Larsson and Sadakane's refinement).
+Natural text settles most suffixes within a few rounds, so the rounds after those are small; only long
+repeats keep suffixes in play, for log2(repeat length) rounds. Measured here on one core, for the 10M tokens of bench/drafting_bench.py (Spec-Bench sentences
+reshuffled into documents: many repeats): ~7 s, where libdivsufsort takes ~1.2 s; the whole datastore
+builds in ~17 s. The only packaging of libdivsufsort for integer alphabets (`pydivsufsort`) installs
+12 MB: more than everything else the edge needs beyond numpy and grpcio (BENCHMARKS.md, "Edge start-up").
 """
 
 from __future__ import annotations

@@ -38,14 +38,7 @@ def normalizer(spec: dict | None) -> Normalizer:
         return lambda text: text
     kind = spec["type"]
     if kind == "Sequence":
-        steps = [normalizer(s) for s in spec["normalizers"]]
-
-        def sequence(text: str) -> str:
-            for step in steps:
-                text = step(text)
-            return text
-
-        return sequence
+        return _chained([normalizer(s) for s in spec["normalizers"]])
     if kind == "Replace":
         pattern = _pattern(spec["pattern"])
         return lambda text: pattern.sub(lambda _: spec["content"], text)
@@ -72,14 +65,7 @@ def pre_tokenizer(spec: dict | None) -> PreTokenizer:
         return lambda words: words
     kind = spec["type"]
     if kind == "Sequence":
-        steps = [pre_tokenizer(s) for s in spec["pretokenizers"]]
-
-        def sequence(words: list[Word]) -> list[Word]:
-            for step in steps:
-                words = step(words)
-            return words
-
-        return sequence
+        return _chained([pre_tokenizer(s) for s in spec["pretokenizers"]])
     if kind == "Split":
         pattern, behavior, invert = _pattern(spec["pattern"]), spec["behavior"], spec.get("invert", False)
         return lambda words: [w for word in words for w in split(word, pattern, behavior, invert)]
@@ -216,6 +202,10 @@ def char_bytes() -> dict[str, int]:
 _SPELLED: dict[str, str] = {}
 
 
+def forget_words() -> None:
+    _SPELLED.clear()
+
+
 def byte_level_chars(text: str) -> str:
     """`text`'s bytes spelled in GPT-2's stand-in characters (memoised: words repeat)."""
     spelled = _SPELLED.get(text)
@@ -237,14 +227,7 @@ def decoder(spec: dict | None) -> Decoder | None:
         return None
     kind = spec["type"]
     if kind == "Sequence":
-        steps = [decoder(s) for s in spec["decoders"]]
-
-        def sequence(tokens: list[str]) -> list[str]:
-            for step in steps:
-                tokens = step(tokens)
-            return tokens
-
-        return sequence
+        return _chained([decoder(s) for s in spec["decoders"]])
     if kind == "ByteLevel":
         return _decode_byte_level
     if kind == "Replace":
@@ -312,6 +295,15 @@ def _strip_chars(token: str, content: str, start: int, stop: int) -> str:
 
 
 # --- shared ----------------------------------------------------------------------------------------------
+def _chained(steps: list[Callable]) -> Callable:
+    def chained(value):
+        for step in steps:
+            value = step(value)
+        return value
+
+    return chained
+
+
 def _pattern(spec: dict) -> re.Pattern:
     if "String" in spec:
         return re.compile(re.escape(spec["String"]))

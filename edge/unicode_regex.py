@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from functools import lru_cache
+from functools import cache, lru_cache
 from itertools import groupby
 
 # Unicode's White_Space property: Oniguruma's \s.
@@ -112,7 +112,7 @@ def _class_body(escape: str, in_class: bool) -> str:
     return f"[{'^' if negated else ''}{body}]"
 
 
-@lru_cache(maxsize=None)
+@cache
 def category_class(name: str) -> str:
     """The code points of a Unicode general category ("L", "N", "Lu", ...) as ranges of a class body."""
     name = {"Letter": "L", "Mark": "M", "Number": "N", "Punctuation": "P", "Symbol": "S", "Separator": "Z"}.get(

@@ -4,6 +4,7 @@ bad stores are refused."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -57,7 +58,7 @@ def test_the_suffix_array_of_a_long_repetitive_text_is_sorted():
     tokens = np.concatenate([block, rng.integers(0, 5, size=3_000), block, block[:700], [-1], block])
     sa = suffix_array(tokens)
     assert sorted(sa.tolist()) == list(range(len(tokens)))
-    for a, b in zip(sa[:-1], sa[1:]):  # each neighbour pair in order: first difference, or a is a prefix
+    for a, b in itertools.pairwise(sa.tolist()):  # each neighbour pair in order: first difference, or a is a prefix
         n = min(len(tokens) - a, len(tokens) - b)
         differ = np.flatnonzero(tokens[a:a + n] != tokens[b:b + n])
         assert tokens[a + differ[0]] < tokens[b + differ[0]] if len(differ) else len(tokens) - a < len(tokens) - b

@@ -156,7 +156,7 @@ def test_a_damaged_cached_tokenizer_is_fetched_again(tokenizer_verifier, tmp_pat
     config.write_text(config.read_text().replace("<|im_end|>", "<|endoftext|>"))  # another eos: another fingerprint
     assert EdgeClient(verifier.target, drafter="none").tokenizer.fingerprint == fingerprint
     assert "<|im_end|>" in config.read_text()
-    merges = tmp_path / "tokenizers" / fingerprint / "compiled" / "merges.npy"
+    merges = tmp_path / "tokenizers" / fingerprint / "compiled" / "merge_values.npy"
     merges.write_bytes(merges.read_bytes()[:-12])  # a compiled form cut short: the same, fetched again
     assert EdgeClient(verifier.target, drafter="none").tokenizer.encode("Hi there") == hf.encode("Hi there")
 
