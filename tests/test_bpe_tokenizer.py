@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import tokenizers
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +18,7 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from specedge.bench import specbench
 from specedge.edge import text_steps
 from specedge.edge.bpe_tokenizer import BpeTokenizer
+from specedge.edge.merge_table import EMPTY, MergeTable
 from specedge.edge.unicode_regex import compile_onig
 
 CORPUS = [p.text for p in specbench.load()][:400]
@@ -157,6 +159,18 @@ def test_regex_classes_are_the_librarys_at_every_assigned_code_point():
             text = "\x00".join(probe.format(c, c) for c in chunk)
             theirs = [text[a:b] for _, (a, b) in library.pre_tokenize_str(text)]
             assert ours.findall(text) == theirs
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(0, 40)), max_size=300),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=50))
+def test_the_merge_table_finds_every_pair_with_its_last_rank_and_no_other(rows, probes):
+    size = 41
+    table = MergeTable.build(np.array(rows, dtype=np.int64).reshape(-1, 3), size)
+    want = {left * size + right: rank * size + merged for rank, (left, right, merged) in enumerate(rows)}
+    for left, right in [(a, b) for a, b, _ in rows] + probes:
+        assert table.get(left * size + right) == want.get(left * size + right, EMPTY)
+    assert len(table.keys_array) >= 2 * len(want)  # at most half full: probes stay short
 
 
 def test_the_compiled_form_loads_the_same_tokenizer(tmp_path):
