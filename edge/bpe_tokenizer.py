@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specedge.edge import text_steps
+from specedge.edge import byte_level, text_steps
 from specedge.edge.bpe import BpeModel
 from specedge.edge.merge_table import MergeTable
 from specedge.edge.unicode_regex import WHITE_SPACE, compile_onig
@@ -148,7 +148,7 @@ class BpeTokenizer:
     def forget_words(self) -> None:
         """Empty the memos of words already encoded (for timing a client that has seen no text yet)."""
         self.model.forget_words()
-        text_steps.forget_words()
+        byte_level.forget_words()
 
     def _with_special_tokens(self, ids: list[int]) -> list[int]:
         out: list[int] = []

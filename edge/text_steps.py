@@ -16,6 +16,7 @@ import unicodedata
 from collections.abc import Callable
 from functools import lru_cache
 
+from specedge.edge.byte_level import byte_level_chars, char_bytes
 from specedge.edge.unicode_regex import WHITE_SPACE, category_class, compile_onig
 
 Normalizer = Callable[[str], str]
@@ -171,50 +172,6 @@ def _metaspace(spec: dict) -> PreTokenizer:
         return out
 
     return pre_tokenize
-
-
-# --- byte-level spelling ---------------------------------------------------------------------------------
-@lru_cache(maxsize=1)
-def byte_chars() -> str:
-    """GPT-2's printable stand-in character for each byte 0-255 (printable Latin-1 bytes stand for
-    themselves, the others for 256 + their rank)."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return "".join(chars)
-
-
-@lru_cache(maxsize=1)
-def _to_byte_chars() -> dict[int, str]:
-    return {b: c for b, c in enumerate(byte_chars())}
-
-
-@lru_cache(maxsize=1)
-def char_bytes() -> dict[str, int]:
-    return {c: b for b, c in enumerate(byte_chars())}
-
-
-_SPELLED: dict[str, str] = {}
-
-
-def forget_words() -> None:
-    _SPELLED.clear()
-
-
-def byte_level_chars(text: str) -> str:
-    """`text`'s bytes spelled in GPT-2's stand-in characters (memoised: words repeat)."""
-    spelled = _SPELLED.get(text)
-    if spelled is None:
-        spelled = text.encode("utf-8").decode("latin-1").translate(_to_byte_chars())
-        if len(_SPELLED) >= 100_000:
-            _SPELLED.clear()
-        _SPELLED[text] = spelled
-    return spelled
 
 
 # --- decoders --------------------------------------------------------------------------------------------

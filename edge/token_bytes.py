@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from specedge.edge.bpe_tokenizer import BpeTokenizer
-from specedge.edge.text_steps import char_bytes
+from specedge.edge.byte_level import char_bytes
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
