@@ -41,13 +41,13 @@ class BpeModel:
         self.prefix = continuing_subword_prefix or ""
         self.suffix = end_of_word_suffix or ""
         self.ignore_merges = ignore_merges
-        wanted = re.compile(r"<0x[0-9A-F]{2}>")
         affixed = bool(self.prefix or self.suffix)
-        # Only single characters (with their affixes), byte tokens and the unknown token start a word.
-        self._symbols = {t: i for i, t in enumerate(tokens) if t is not None and (
-            len(t) == 1 or t == unk_token or affixed or (len(t) == 6 and wanted.fullmatch(t)))}
-        if ignore_merges or affixed:
+        if ignore_merges or affixed:  # whole words, or characters with their affixes: any token
             self._symbols = {t: i for i, t in enumerate(tokens) if t is not None}
+        else:  # single characters, byte tokens and the unknown token start a word
+            byte_token = re.compile(r"<0x[0-9A-F]{2}>")
+            self._symbols = {t: i for i, t in enumerate(tokens) if t is not None and (
+                len(t) == 1 or t == unk_token or (len(t) == 6 and byte_token.fullmatch(t)))}
         self.unk_id = None if unk_token is None else self._symbols.get(unk_token)
         if unk_token is not None and self.unk_id is None:
             raise ValueError(f"the BPE model's unknown token {unk_token!r} is not in its vocabulary")
@@ -186,6 +186,7 @@ class BpeModel:
             else:  # spelled by bytes or unknown: its symbol's string is not the character, keep it whole
                 out[-1] += part
         return out
+
 
 def options_of(spec: dict) -> dict:
     """The keyword options of BpeModel from a tokenizer.json model spec."""

@@ -4,9 +4,9 @@ normalizers (text -> text), pre-tokenizers (text -> the words the model encodes 
 here is refused by name when the tokenizer is loaded, never approximated: a wrong token id would change
 what the verifier is asked.
 
-Pre-tokenizers work on `Word`s, (text, whether it starts the input): Metaspace's `prepend_scheme: first`
-marks only that one. They are plain tuples, and the common split runs in `re.split`: a prompt is
-hundreds of thousands of words, a datastore's corpus tens of millions.
+Pre-tokenizers work on `Word`s, (text, whether it starts the input), since Metaspace's `prepend_scheme:
+first` marks only that one. They are plain tuples, and the common split runs in `re.split`: a datastore's
+corpus is tens of millions of words.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ from specedge.edge.unicode_regex import WHITE_SPACE, category_class, compile_oni
 
 Normalizer = Callable[[str], str]
 Decoder = Callable[[list[str]], list[str]]
-
-
 Word = tuple[str, bool]  # (text, begins at offset 0 of the encoded text)
 PreTokenizer = Callable[[list[Word]], list[Word]]
 
