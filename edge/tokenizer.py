@@ -74,7 +74,7 @@ class EdgeTokenizer:
 
 @lru_cache(maxsize=4)
 def _bpe_of(tokenizer_json: str) -> BpeTokenizer:
-    """Read once per process: Gemma 3's JSON takes ~1.2 s (tests and benchmarks make many clients)."""
+    """Read once per process: Gemma 3's JSON takes ~1.5 s (tests and benchmarks make many clients)."""
     return BpeTokenizer.from_json(tokenizer_json)
 
 
