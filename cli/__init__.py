@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from specedge.cli import bench, generate, health, index, proxy, ray, router, serve
+from specedge.cli import bench, edge_serve, generate, health, index, proxy, ray, router, serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -13,7 +13,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Edge-cloud speculative decoding: edge clients draft, verifiers check drafts losslessly.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (generate, serve, router, proxy, health, ray, index, bench):
+    for module in (generate, edge_serve, serve, router, proxy, health, ray, index, bench):
         module.add_parser(commands)
     return parser
 

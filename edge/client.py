@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +29,8 @@ from specedge.edge.drafter import Drafter, hints_wanted
 from specedge.edge.generation import GenerationResult, generate
 from specedge.edge.registry import make_drafter
 from specedge.edge.resume import ResumableSession
+from specedge.edge.streaming import astream_events, stream_events
+from specedge.edge.text_stream import cut_at_stops
 from specedge.edge.tokenizer import EdgeTokenizer, stop_at_strings
 from specedge.edge.tokenizer_cache import verifier_tokenizer
 from specedge.edge.transport import ChannelConfig, RemoteVerifier
@@ -128,38 +129,15 @@ class EdgeClient:
         finally:
             with self._idle_lock:
                 self._idle.append((drafter, controller))
-        text = self.tokenizer.decode(result.token_ids)
-        for s in params.stop:
-            text = text.split(s)[0]
+        text = cut_at_stops(self.tokenizer.decode(result.token_ids), params.stop)
         return ClientResult(text, result.token_ids, result, session.resumes)
 
     def stream(self, prompt: str | list[int], **kwargs) -> Iterator[str]:
-        """Text as it is accepted (pieces), from a generation running in a worker thread."""
-        pieces: queue.Queue = queue.Queue()
-        done = object()
-        tokens: list[int] = []
-        sent = [0]
-
-        def on_tokens(new: list[int]) -> None:
-            tokens.extend(t for t in new if t not in self.eos_ids)
-            text = self.tokenizer.decode(tokens)
-            if text.endswith("\ufffd"):  # an incomplete character: wait for its next bytes
-                return
-            pieces.put(text[sent[0] :])
-            sent[0] = len(text)
-
-        def run() -> None:
-            try:
-                self.generate(prompt, on_tokens=on_tokens, **kwargs)
-                pieces.put(done)
-            except BaseException as e:  # re-raised in the caller's thread
-                pieces.put(e)
-
-        threading.Thread(target=run, daemon=True).start()
-        while (item := pieces.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            if item:
+        """Text as it is accepted, in pieces that join into `generate`'s text (an incomplete character or
+        the start of a stop string is held back until it is settled). Closing the iterator early ends
+        the generation at its next round."""
+        for item in stream_events(self, prompt, **kwargs):
+            if isinstance(item, str):
                 yield item
 
     def close(self) -> None:
@@ -178,23 +156,9 @@ class AsyncEdgeClient:
         return await asyncio.to_thread(self._client.generate, prompt, **kwargs)
 
     async def stream(self, prompt: str | list[int], **kwargs) -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
-        done = object()
-
-        def run() -> None:
-            try:
-                for piece in self._client.stream(prompt, **kwargs):
-                    loop.call_soon_threadsafe(pieces.put_nowait, piece)
-                loop.call_soon_threadsafe(pieces.put_nowait, done)
-            except BaseException as e:
-                loop.call_soon_threadsafe(pieces.put_nowait, e)
-
-        threading.Thread(target=run, daemon=True).start()
-        while (item := await pieces.get()) is not done:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        async for item in astream_events(self._client, prompt, **kwargs):
+            if isinstance(item, str):
+                yield item
 
     async def close(self) -> None:
         self._client.close()

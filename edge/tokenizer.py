@@ -62,10 +62,12 @@ class EdgeTokenizer:
 
     def encode_prompt(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of `prompt`: the default encoding, or the chat template with one user turn."""
-        if not chat:
-            return self.encode(prompt)
-        rendered = self.render_chat([{"role": "user", "content": prompt}])
-        return self.backend.encode(rendered, add_special_tokens=False)
+        return self.encode_chat([{"role": "user", "content": prompt}]) if chat else self.encode(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of a conversation in the chat template, ready for the assistant's turn (the template
+        writes the special tokens itself)."""
+        return self.backend.encode(self.render_chat(messages), add_special_tokens=False)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
