@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml setup.py Makefile $(wildcard protos/specedge/
 	touch $@
 
 demo: venv
-	$(BIN)/specedge generate "$(DEMO_PROMPT)" --chat --drafter retrieval --max-new-tokens 96
+	$(BIN)/python -m specedge.bench.demo "$(DEMO_PROMPT)" --max-new-tokens 96
 
 test: venv
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
