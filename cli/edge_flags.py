@@ -19,6 +19,8 @@ def add_edge_flags(parser: argparse.ArgumentParser, default_drafter: str) -> Non
                         ".gguf path; any vocabulary), or hybrid[:NAME] (retrieval and a model in one tree)")
     parser.add_argument("--no-hints", action="store_true", help="do not ask the verifier for its top tokens at "
                         "each verified position (the drafter then drafts from retrieval alone)")
+    parser.add_argument("--no-overlap", action="store_true", help="never send a tree ahead of the verdict in "
+                        "flight (by default one goes out when the round trip is longer than a verification pass)")
     parser.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                         help="files or directories for the long-term datastore, or a datastore built with "
                         "`specedge index build` (repeatable); built once and cached")
@@ -63,7 +65,8 @@ def edge_client(args: argparse.Namespace, engine_thread: bool):
         targets = args.server
     try:
         client = EdgeClient(targets, drafter=args.drafter, tokenizer=tokenizer, corpus=args.corpus or None,
-                            channel=channel, max_tree=args.max_tree, hints=not args.no_hints)
+                            channel=channel, max_tree=args.max_tree, hints=not args.no_hints,
+                            overlap=not args.no_overlap)
     except BaseException:
         if embedded is not None:
             embedded.stop()

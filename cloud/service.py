@@ -116,7 +116,7 @@ class VerifierService:
             client, claim = self._admit(op.client_id or context.peer(), len(prompt) + params.max_new_tokens)
             hints_top_k = min(max(0, op.hints_top_k), self.config.max_hints_top_k)  # a larger ask gets the cap
             seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, tree, hints_top_k))
-            produced = len(outcome.verdict.tokens)
+            generated = list(outcome.verdict.tokens)  # committed after the prompt
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
             cached = outcome.cached_prompt_tokens
@@ -131,12 +131,12 @@ class VerifierService:
                     return
                 if kind != "draft":
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"expected a draft or close, got {kind}")
-                if produced >= params.max_new_tokens:
+                if len(generated) >= params.max_new_tokens:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
-                tree = self._tree(req.draft)
+                tree = _still_to_verify(self._tree(req.draft), req.draft.root_length, len(prompt), generated)
                 outcome = await self._unless_moved(self.scheduler.verify(seq, tree))
-                produced += len(outcome.verdict.tokens)
+                generated += outcome.verdict.tokens
                 yield pb.SessionResponse(verdict=self._verdict(outcome)).SerializeToString()
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
@@ -343,6 +343,17 @@ def _moved() -> _Abort:
 def _retrieved(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _still_to_verify(tree: DraftTree, root_length: int, prompt_length: int, generated: list[int]) -> DraftTree:
+    """A tree sent ahead of verdicts (root_length > 0) less what they committed since its root."""
+    if not root_length:
+        return tree
+    end = prompt_length + len(generated)
+    if not prompt_length <= root_length <= end:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft tree: root_length {root_length} is not in this "
+                     f"session's committed sequence [{prompt_length}, {end}]")
+    return tree.after(generated[root_length - prompt_length :])
 
 
 def _parse(cls, raw: bytes):

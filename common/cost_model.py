@@ -32,5 +32,7 @@ class CostModel:
 
     def at_load(self, other_tokens: int) -> CostModel:
         """The pass time one session sees for each tree size when `other_tokens` of other sessions share
-        its pass."""
-        return CostModel(tuple((n, self.ms(other_tokens + n)) for n, _ in self.points))
+        its pass (sampled at the known sizes and where the curve's known points fall after the shift, so a
+        bend in the curve stays where it is)."""
+        sizes = sorted({n for n, _ in self.points} | {n - other_tokens for n, _ in self.points if n > other_tokens})
+        return CostModel(tuple((n, self.ms(other_tokens + n)) for n in sizes))

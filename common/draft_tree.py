@@ -39,6 +39,34 @@ class DraftTree:
         accept_probs = None if self.accept_probs is None else self.accept_probs[:n]
         return DraftTree(self.tokens[:n], self.parents[:n], proposals, accept_probs)
 
+    def after(self, path: list[int]) -> DraftTree:
+        """What is left of this tree once `path` (tokens) has been committed after its root: the subtree
+        below the nodes that spell it, re-indexed in the same order, its proposals and acceptance estimates
+        (now given the path) kept. Empty when the tree does not spell the whole path. A tree sent ahead of a
+        verdict is verified this way, and its sender works out the same subtree to read the answer."""
+        if not path:
+            return self
+        children = self.children()
+        node = -1
+        for token in path:
+            node = next((c for c in children[node + 1] if self.tokens[c] == token), None)
+            if node is None:
+                return DraftTree.empty()
+        index = {node: -1}  # old index -> new index; the last node of the path becomes the root
+        for i in range(node + 1, len(self)):
+            if self.parents[i] in index:
+                index[i] = len(index) - 1
+        kept = [i for i in index if i != node]
+        proposals = None if self.proposals is None else {
+            index[p]: q for p, q in self.proposals.items() if p in index}
+        accept_probs = None
+        if self.accept_probs is not None:
+            given = self.accept_probs[node]
+            accept_probs = [min(1.0, self.accept_probs[i] / given) if given > 0 else self.accept_probs[i]
+                            for i in kept]
+        return DraftTree([self.tokens[i] for i in kept], [index[self.parents[i]] for i in kept], proposals,
+                         accept_probs)
+
     def validate(self, vocab_size: int) -> None:
         n = len(self.tokens)
         if len(self.parents) != n:

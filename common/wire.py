@@ -19,8 +19,10 @@ MIGRATE = "specedge-migrate"
 TOKENIZER_PART_BYTES = 1 << 20  # gRPC's default message limit is 4 MiB; Gemma 3's tokenizer.json is 33 MB
 
 
-def tree_to_pb(tree: DraftTree) -> pb.DraftTree:
-    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, accept_probs=tree.accept_probs or [])
+def tree_to_pb(tree: DraftTree, root_length: int | None = None) -> pb.DraftTree:
+    """`root_length`: for a tree sent ahead of verdicts, the sequence length at its root (0/absent: the end)."""
+    msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, accept_probs=tree.accept_probs or [],
+                       root_length=root_length or 0)
     for parent, (ids, probs) in (tree.proposals or {}).items():
         msg.proposals.add(parent=parent, token_ids=ids, probs=probs)
     return msg

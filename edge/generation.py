@@ -4,6 +4,7 @@ in-process verifier and a remote one."""
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,6 +24,12 @@ class GenerationResult:
     ttft_s: float = 0.0  # until the first pass (the prompt's prefill) returned
     draft_ms: list[float] = field(default_factory=list)  # per round
     tree_sizes: list[int] = field(default_factory=list)  # draft tokens sent per round
+    accepted: list[int] = field(default_factory=list)  # draft tokens accepted per round
+    # Where each round's wait went, as the verifier and the edge's clock tell it (per round).
+    compute_ms: list[float] = field(default_factory=list)  # the verifier's pass
+    queue_ms: list[float] = field(default_factory=list)  # waiting for a place in the verifier's batch
+    network_ms: list[float] = field(default_factory=list)  # the rest: network, serialisation
+    ahead: int = 0  # rounds whose tree went out ahead of the verdict before it (pipelined)
 
     @property
     def num_tokens(self) -> int:
@@ -49,6 +56,9 @@ def generate(
     """Generate until an EOS id, the session's `max_new_tokens`, or `stop(output_ids)` returns a cut length.
 
     The session is closed at the end. `on_tokens` sees each round's newly committed tokens (streaming).
+    Over a long round trip (a session that can `send` without waiting) a second tree goes out ahead of the
+    verdict in flight, when the controller says it pays (`TreeSizeController.ahead`): the verifier verifies
+    what is left of it once that verdict is committed, so its verdict comes a pass later, not a round trip.
     """
     params = session.params
     eos = set(eos_ids)
@@ -60,31 +70,48 @@ def generate(
     # A drafter that can use the verifier's time gets it: the step runs in a thread meanwhile.
     speculate = getattr(drafter, "speculate", None)
     waiting = ThreadPoolExecutor(1, thread_name_prefix="verdict") if speculate is not None else None
+    # Trees that may go out ahead of a verdict: a session that can send without waiting, a drafter whose
+    # drafts do not depend on using the wait itself.
+    ahead = hasattr(session, "send") and drafter is not None and controller is not None and speculate is None
+    in_flight: deque[_Sent] = deque()
     try:
         while len(out) < params.max_new_tokens:
-            t0 = time.perf_counter()
-            tree = DraftTree.empty()
-            if drafter is not None:
-                draft = drafter.propose()
-                size = len(draft)
-                if controller is not None:
-                    size = controller.choose(draft, session.cost_model(), params.max_new_tokens - len(out))
-                tree = draft.prefix(min(size, session.max_tree_tokens))
-            result.draft_ms.append((time.perf_counter() - t0) * 1e3)
-            result.tree_sizes.append(len(tree))
-            if speculate is not None and len(tree):
-                verdict = waiting.submit(session.step, tree)
+            if not in_flight:
+                t0 = time.perf_counter()
+                draft = drafter.propose() if drafter is not None else DraftTree.empty()
+                tree = _sized(draft, controller, session, params.max_new_tokens - len(out))
+                if ahead:
+                    session.send(tree)
+                in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3))
+                if ahead:
+                    _send_ahead(session, draft, controller, in_flight, out, params.max_new_tokens)
+            elif ahead and len(in_flight) == 1:
+                t0 = time.perf_counter()
+                _send_ahead(session, drafter.propose(), controller, in_flight, out, params.max_new_tokens, t0)
+            sent = in_flight.popleft()
+            if ahead:
+                step = session.receive()
+            elif speculate is not None and len(sent.tree):
+                verdict = waiting.submit(session.step, sent.tree)
                 speculate(verdict.done)
                 step = verdict.result()
             else:
-                step = session.step(tree)
+                step = session.step(sent.tree)
+            tree = sent.tree.after(out[sent.root :])  # what the verifier verified of it
             result.rounds += 1
+            result.draft_ms.append(sent.draft_ms)
+            result.tree_sizes.append(len(tree))
+            result.accepted.append(len(step.accepted))
+            result.compute_ms.append(step.compute_ms)
+            result.queue_ms.append(step.queue_ms)
+            result.network_ms.append(step.rtt_ms)
+            result.ahead += sent.ahead
             if result.rounds == 1:
                 result.ttft_s = time.perf_counter() - start
             if drafter is not None:
                 drafter.observe(tree, step)
             if controller is not None:
-                controller.observe(tree, step)
+                controller.observe(tree, step, ahead=sent.ahead)
             new = step.tokens[: params.max_new_tokens - len(out)]
             hit = next((i for i, t in enumerate(new) if t in eos), None)
             if hit is not None:
@@ -108,3 +135,34 @@ def generate(
     result.token_ids = out
     result.wall_s = time.perf_counter() - start
     return result
+
+
+@dataclass
+class _Sent:
+    tree: DraftTree
+    root: int  # output tokens committed when it was drafted: its root follows them
+    draft_ms: float
+    ahead: bool = False  # sent while another tree's verdict was in flight
+
+
+def _sized(draft: DraftTree, controller: TreeSizeController | None, session, remaining: int) -> DraftTree:
+    size = len(draft) if controller is None else controller.choose(draft, session.cost_model(), remaining)
+    return draft.prefix(min(size, session.max_tree_tokens))
+
+
+def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_flight: deque[_Sent],
+                out: list[int], max_new_tokens: int, t0: float | None = None) -> None:
+    """Send `draft` (rooted at the committed end) ahead of the one verdict in flight, if that pays and the
+    verdict cannot end the generation's token budget first."""
+    t0 = time.perf_counter() if t0 is None else t0
+    (pending,) = in_flight
+    left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
+    most = max(left.depths(), default=0) + 1  # tokens its verdict can commit
+    if len(out) + most >= max_new_tokens:
+        return
+    size = controller.ahead(draft, session.cost_model(), max_new_tokens - len(out) - most, len(left))
+    if size == 0:
+        return
+    tree = draft.prefix(min(size, session.max_tree_tokens))
+    session.send(tree, root_length=len(session.prompt_ids) + len(out))
+    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True))

@@ -2,8 +2,8 @@
 generation sees one uninterrupted result.
 
 When a stream breaks (verifier restart, network reset) the session reopens, on the next verifier if
-several were given, with the prompt plus everything committed so far, and retries the same draft (it
-hangs off the same token). Greedy output is identical to a run without the break; sampled output keeps
+several were given, with the prompt plus everything committed so far, and sends the drafts still in
+flight again (less what has been committed since each was drafted). Greedy output is identical to a run without the break; sampled output keeps
 following the model's distribution. A verifier that refuses it for now (its KV pool is full of other
 sessions: RESOURCE_EXHAUSTED with `specedge-retry-after-ms`) is asked again when it says, for up to
 `busy_wait_s`. A draining verifier (UNAVAILABLE with `specedge-migrate`) ends the stream at a round
@@ -13,6 +13,7 @@ boundary on purpose: the session moves at once, without back-off.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -44,22 +45,41 @@ class ResumableSession:
         self.resumes = 0  # streams that broke (or were moved) and were reopened
         self.session: RemoteSession | None = None
         self._cost: CostModel | None = None
-        self.step(None)  # connects: the prefill goes with the first draft
+        # Trees sent and not yet answered, with the sequence length at each one's root: after a break they
+        # go to the new stream again, less what the verdicts that did arrive committed.
+        self._in_flight: deque[tuple[DraftTree, int]] = deque()
+        self._with_retries(lambda: None)  # connects: the prefill goes with the first draft
         self.vocab_size = self.session.vocab_size
         self.max_tree_tokens = self.session.max_tree_tokens
 
-    def step(self, tree: DraftTree | None) -> StepResult | None:
-        """The verdict on `tree` (None: only make sure a session is open), across breaks and refusals."""
+    def step(self, tree: DraftTree) -> StepResult:
+        """The verdict on `tree`, across breaks and refusals."""
+        self.send(tree)
+        return self.receive()
+
+    def send(self, tree: DraftTree, root_length: int | None = None) -> None:
+        """Send without waiting (see RemoteSession.send); a broken stream shows at `receive`."""
+        self._in_flight.append((tree, root_length or len(self.prompt_ids) + len(self.committed)))
+        self.session.send(tree, root_length)
+
+    def receive(self) -> StepResult:
+        """The verdict on the oldest tree in flight, across breaks and refusals."""
+        return self._with_retries(self._receive)
+
+    def _receive(self) -> StepResult:
+        result = self.session.receive()
+        self._in_flight.popleft()
+        self.committed += result.tokens
+        return result
+
+    def _with_retries(self, action):
         attempt, busy_since, moves = 0, None, 0
         while True:
             try:
                 if self.session is None:
                     self.session = self._open()
-                if tree is None:
-                    return None
-                result = self.session.step(tree)
-                self.committed += result.tokens
-                return result
+                    self._send_again()
+                return action()
             except grpc.RpcError as e:
                 if self.session is not None:  # its stream broke: reopen (and count it) below
                     self._cost = self.session.cost_model()
@@ -79,6 +99,14 @@ class ResumableSession:
                 else:
                     time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2**attempt))
                     attempt += 1
+
+    def _send_again(self) -> None:
+        """The trees in flight on a new stream, each less what has been committed since it was drafted: the
+        oldest now hangs off the end, the others go ahead of its verdict as they did before."""
+        end = len(self.prompt_ids) + len(self.committed)
+        for i, (tree, root) in enumerate(self._in_flight):
+            rest = tree.after(self.committed[root - len(self.prompt_ids) :])
+            self.session.send(rest, root_length=None if i == 0 else end)
 
     def _open(self) -> RemoteSession:
         """A new stream for the rest of the generation: the prompt plus everything committed so far."""

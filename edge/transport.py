@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -95,9 +96,17 @@ class RemoteSession:
         self._requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
         self._responses = None
         self._cost = wire.cost_from_pb(verifier.info.cost)
+        self._sent: deque[float] = deque()  # when each tree still awaiting its verdict went out
 
     def step(self, tree: DraftTree) -> StepResult:
-        start = time.perf_counter()
+        self.send(tree)
+        return self.receive()
+
+    def send(self, tree: DraftTree, root_length: int | None = None) -> None:
+        """Send a tree without waiting for its verdict (the first one also opens the session). `root_length`:
+        for a tree sent ahead of verdicts still to come, the sequence length (prompt + committed tokens) at
+        its root; the verifier verifies what is left of it once those verdicts are committed."""
+        self._sent.append(time.perf_counter())
         if self._responses is None:
             self._requests.put(pb.SessionRequest(open=pb.OpenSession(
                 client_id=self.client_id, prompt_ids=self.prompt_ids, params=wire.params_to_pb(self.params),
@@ -105,11 +114,15 @@ class RemoteSession:
             self._responses = self.verifier._session(iter(self._requests.get, None),
                                                      metadata=self.verifier.config.metadata(),
                                                      timeout=self.verifier.config.rpc_timeout_s)
-            verdict = next(self._responses).opened.verdict
         else:
-            self._requests.put(pb.SessionRequest(draft=wire.tree_to_pb(tree)))
-            verdict = next(self._responses).verdict
-        wall_ms = (time.perf_counter() - start) * 1e3
+            self._requests.put(pb.SessionRequest(draft=wire.tree_to_pb(tree, root_length)))
+
+    def receive(self) -> StepResult:
+        """The verdict on the oldest tree sent and not yet answered."""
+        response = next(self._responses)
+        verdict = response.opened.verdict if response.WhichOneof("kind") == "opened" else response.verdict
+        # (For a tree sent ahead this includes waiting on the verifier for the verdicts before it.)
+        wall_ms = (time.perf_counter() - self._sent.popleft()) * 1e3
         self._cost = wire.cost_from_pb(verdict.cost)
         return StepResult(tokens=list(verdict.tokens), accepted=list(verdict.accepted), compute_ms=verdict.compute_ms,
                           queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),

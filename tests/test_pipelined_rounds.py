@@ -1,0 +1,143 @@
+"""Trees sent ahead of the verdict in flight (edge pipelining over long round trips): the verifier verifies
+what is left of such a tree once the verdicts before it are committed, so output stays exactly the
+target's; over a long round trip the edge keeps two trees in flight (when it does is the controller's
+rule, tests/test_tree_size_controller.py); a link that resets mid-stream loses nothing, trees in flight
+included. Tiny model, real gRPC on 127.0.0.1, the
+network-emulating proxy for the round trip."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_grpc import PROMPT, V, solo_output, tiny_verifier
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+from specedge.edge.controller import TreeSizeController
+from specedge.edge.drafter import FunctionDrafter
+from specedge.edge.generation import generate
+from specedge.edge.resume import ResumableSession
+from specedge.edge.transport import RemoteVerifier
+from specedge.netem.proxy import EmbeddedProxy, NetworkConditions
+
+LONG = SamplingParams(max_new_tokens=60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with tiny_verifier() as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference(server) -> list[int]:
+    return solo_output(server, params=LONG)
+
+
+def token_paths(tree: DraftTree) -> list[tuple[int, ...]]:
+    """Each node's tokens from the root down, in node order."""
+    return [tuple(tree.tokens[j] for j in tree.path_to(i)) for i in range(len(tree))]
+
+
+@st.composite
+def trees(draw) -> DraftTree:
+    n = draw(st.integers(0, 24))
+    tokens, parents = [], []
+    for i in range(n):
+        parent = draw(st.integers(-1, i - 1))
+        taken = {tokens[c] for c in range(i) if parents[c] == parent}
+        tokens.append(draw(st.integers(0, 5).filter(lambda t: t not in taken)))
+        parents.append(parent)
+    probs = draw(st.lists(st.floats(0.01, 1.0), min_size=n, max_size=n))
+    accept = []
+    for i, p in enumerate(probs):  # path probabilities: never above the parent's
+        accept.append(p if parents[i] < 0 else min(p, accept[parents[i]]))
+    return DraftTree(tokens, parents, accept_probs=accept)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trees(), path=st.lists(st.integers(0, 5), max_size=4))
+def test_what_is_left_of_a_tree_is_exactly_the_nodes_below_the_committed_path(tree, path):
+    rest = tree.after(path)
+    rest.validate(vocab_size=6)
+    below = [p[len(path) :] for p in token_paths(tree) if len(p) > len(path) and list(p[: len(path)]) == path]
+    spelled = not path or tuple(path) in token_paths(tree)
+    assert token_paths(rest) == (below if spelled else [])  # same nodes, same (best-first) order
+    for i, p in enumerate(token_paths(rest)):  # estimates now given the path
+        whole = tree.accept_probs[token_paths(tree).index(tuple(path) + p)]
+        given_path = tree.accept_probs[token_paths(tree).index(tuple(path))] if path else 1.0
+        assert rest.accept_probs[i] == pytest.approx(min(1.0, whole / given_path))
+
+
+def test_proposals_follow_their_nodes_into_what_is_left():
+    tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], proposals={-1: ([1], [1.0]), 0: ([2, 4], [0.6, 0.4]),
+                                                            1: ([3], [1.0])})
+    rest = tree.after([1])
+    assert rest.tokens == [2, 3, 4] and rest.parents == [-1, 0, -1]
+    assert rest.proposals == {-1: ([2, 4], [0.6, 0.4]), 0: ([3], [1.0])}
+
+
+def test_a_tree_sent_ahead_is_verified_below_what_the_verdict_before_it_committed(server, reference):
+    session = RemoteVerifier(server.target).open(PROMPT, LONG)
+    session.send(DraftTree.chain(reference[:3]))  # opens; commits reference[:4] (3 drafts + its own token)
+    session.send(DraftTree.chain(reference[:9]), root_length=len(PROMPT))  # drafted before that verdict
+    first, second = session.receive(), session.receive()
+    assert first.tokens == reference[:4]
+    assert second.tokens == reference[4:10] and second.accepted == [0, 1, 2, 3, 4]  # the 5 nodes left
+    # A tree that does not spell what was committed since its root: only the verifier's own next token.
+    session.send(DraftTree.chain([(reference[10] + 1) % V, 7]), root_length=len(PROMPT) + 9)
+    assert session.receive().tokens == [reference[10]]
+    session.close()
+
+
+def test_a_tree_rooted_outside_the_committed_sequence_is_invalid(server):
+    session = RemoteVerifier(server.target).open(PROMPT, LONG)
+    session.step(DraftTree.empty())
+    session.send(DraftTree.chain([1]), root_length=len(PROMPT) + 5)  # only one token is committed
+    with pytest.raises(grpc.RpcError) as caught:
+        session.receive()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "root_length" in caught.value.details()
+    assert solo_output(server) == solo_output(server)  # the server serves on
+
+
+def oracle(reference: list[int], depth: int = 24) -> FunctionDrafter:
+    """Drafts the true continuation (then a wrong token where it runs out), acceptance estimates 0.9^d."""
+
+    def draft(committed: list[int]) -> DraftTree:
+        n = len(committed) - len(PROMPT)
+        tokens = reference[n : n + depth] or [(committed[-1] + 1) % V]
+        return DraftTree(tokens, list(range(-1, len(tokens) - 1)), accept_probs=[0.9 ** (i + 1) for i in
+                                                                                  range(len(tokens))])
+
+    return FunctionDrafter(draft)
+
+
+def through(link: str, params=LONG) -> ResumableSession:
+    return ResumableSession(lambda: RemoteVerifier(link), PROMPT, params, "c", "", retries=20, backoff_s=0.01)
+
+
+def test_over_a_long_round_trip_trees_go_out_ahead_and_commit_drafts_and_the_output_is_unchanged(server, reference):
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=oracle(reference), controller=TreeSizeController(max_nodes=8))
+    assert got.token_ids == reference
+    assert got.ahead >= 2  # rounds whose tree went out before the verdict ahead of it
+    ahead_accepted = [a for a, sent in zip(got.accepted, got.tree_sizes) if sent]
+    assert max(ahead_accepted) > 1  # trees sent ahead did get drafts accepted
+
+
+def test_overlap_can_be_turned_off(server, reference):
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=oracle(reference),
+                       controller=TreeSizeController(max_nodes=8, overlap=False))
+    assert got.token_ids == reference and got.ahead == 0
+
+
+def test_a_link_that_resets_with_trees_in_flight_loses_nothing(server, reference):
+    conditions = NetworkConditions(delay_ms=20, reset_probability=0.05, seed=3)
+    with EmbeddedProxy(server.target, conditions) as link:
+        session = through(link.target)
+        got = generate(session, drafter=oracle(reference, depth=6), controller=TreeSizeController(max_nodes=4))
+    assert got.token_ids == reference
+    assert session.resumes >= 1 and got.ahead >= 1

@@ -1,0 +1,92 @@
+"""The edge's choice of tree size on synthetic acceptance and cost models: trees grow with the round trip,
+shrink as the verifier's load uses up the cheap part of its pass, never exceed the verifier's per-round cap,
+and a fixed size (for experiments) is sent as asked; a second tree goes out ahead of the verdict in flight
+only when the round trip is longer than the pass it would wait for."""
+
+from __future__ import annotations
+
+import pytest
+
+from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
+from specedge.common.session import StepResult
+from specedge.edge.controller import TreeSizeController
+
+LINEAR = CostModel(((0, 20.0), (64, 84.0)))  # a CPU-like pass: 20 ms plus 1 ms per draft token
+# A GPU-like pass: flat while the step is small, then each token costs (the batch fills the device).
+FLAT_THEN_LINEAR = CostModel(((0, 20.0), (32, 20.0), (256, 244.0)))
+
+
+def chain(accept: float, n: int = 64) -> DraftTree:
+    """A chain whose i-th node is accepted with probability accept**(i+1) (its path probability)."""
+    return DraftTree(list(range(n)), list(range(-1, n - 1)), accept_probs=[accept ** (i + 1) for i in range(n)])
+
+
+@pytest.mark.parametrize("accept", [0.6, 0.8, 0.9])
+def test_trees_grow_as_the_round_trip_grows(accept):
+    sizes = [TreeSizeController(max_nodes=64, overhead_ms=rtt).choose(chain(accept), LINEAR, remaining=1000)
+             for rtt in (0, 20, 80, 150)]
+    assert sizes == sorted(sizes), sizes
+    assert sizes[-1] > sizes[0], sizes
+
+
+def test_a_longer_measured_round_trip_moves_the_choice_the_same_way():
+    controller = TreeSizeController(max_nodes=64)
+    near = controller.choose(chain(0.85), LINEAR, remaining=1000)
+    for _ in range(20):  # verdicts that took 100 ms more than the pass
+        controller.observe(chain(0.85), StepResult([1], [], compute_ms=30.0, rtt_ms=100.0))
+    assert controller.overhead_ms == pytest.approx(100.0, rel=0.01)
+    assert controller.choose(chain(0.85), LINEAR, remaining=1000) > near
+
+
+def test_trees_shrink_as_other_sessions_fill_the_verifiers_cheap_steps():
+    controller = TreeSizeController(max_nodes=64)
+    sizes = [controller.choose(chain(0.85), FLAT_THEN_LINEAR.at_load(other), remaining=1000)
+             for other in (0, 8, 16, 24, 32)]
+    # Alone, the step's free part is used whole; with others in it, less is free and each node must pay.
+    # (Not strictly monotone: once nothing is free, a longer pass makes a node's cost relatively smaller.)
+    assert sizes[0] >= 32 and all(s < sizes[0] for s in sizes[1:]), sizes
+    assert sizes[1] >= 24 and sizes[2] >= 16, sizes
+
+
+def test_the_cost_at_load_is_the_same_curve_shifted():
+    for other in (0, 5, 16, 40, 300):
+        shifted = FLAT_THEN_LINEAR.at_load(other)
+        for n in range(0, 300, 7):
+            assert shifted.ms(n) == pytest.approx(FLAT_THEN_LINEAR.ms(other + n)), (other, n)
+
+
+def test_the_verifiers_per_round_cap_is_respected():
+    controller = TreeSizeController(max_nodes=64, overhead_ms=150)
+    assert controller.choose(chain(0.95), LINEAR, remaining=1000) > 5
+    controller.observe(chain(0.95), StepResult([1], [], compute_ms=30.0, next_max_tree_tokens=5))
+    assert controller.choose(chain(0.95), LINEAR, remaining=1000) <= 5
+    fixed = TreeSizeController(max_nodes=64, fixed=32)
+    fixed.observe(chain(0.95), StepResult([1], [], compute_ms=30.0, next_max_tree_tokens=5))
+    assert fixed.choose(chain(0.95), LINEAR, remaining=1000) == 5
+
+
+def test_a_fixed_size_is_sent_whatever_the_estimates_within_the_draft():
+    controller = TreeSizeController(max_nodes=64, fixed=8)
+    assert controller.choose(chain(0.1), LINEAR, remaining=1000) == 8  # the expected-value rule would send 0
+    assert controller.choose(chain(0.99, n=5), LINEAR, remaining=1000) == 5  # a draft of 5 nodes has no more
+
+
+def test_a_tree_goes_out_ahead_only_when_the_round_trip_is_longer_than_the_pass():
+    draft = chain(0.85)
+    near = TreeSizeController(max_nodes=16, overhead_ms=5)
+    assert near.ahead(draft, LINEAR, remaining=1000, covered=6) == 0  # a 5 ms trip: wait for the verdict
+    far = TreeSizeController(max_nodes=16, overhead_ms=80)
+    own = far.choose(draft, LINEAR, remaining=1000)
+    assert LINEAR.ms(own) < 80
+    assert far.ahead(draft, LINEAR, remaining=1000, covered=6) == 6 + own  # below what may be committed
+    assert far.ahead(chain(0.85, n=10), LINEAR, remaining=1000, covered=6) == 10  # no more than the draft
+    assert TreeSizeController(max_nodes=16, overhead_ms=80, overlap=False).ahead(draft, LINEAR, 1000, 6) == 0
+
+
+def test_a_tree_sent_ahead_tells_nothing_of_the_round_trip():
+    controller = TreeSizeController(overhead_ms=80)
+    controller.observe(chain(0.9), StepResult([1], [], compute_ms=30.0, rtt_ms=0.0), ahead=True)
+    assert controller.overhead_ms == 80  # it waited on the verifier for the verdict before it
+    controller.observe(chain(0.9), StepResult([1], [], compute_ms=30.0, rtt_ms=0.0))
+    assert controller.overhead_ms < 80
