@@ -22,7 +22,7 @@ from specedge.bench.report import plot_serving, plot_speedup, progress_reporter,
 from specedge.bench.specbench import Prompt
 from specedge.bench.workloads import load_prompts
 
-BASELINES = ("ar", "hf-ar", "hf-pld", "hf-assisted", "hf-uag", "suffix", "oracle", "server-ar")
+BASELINES = ("ar", "hf-ar", "hf-pld", "hf-assisted", "hf-uag", "suffix", "oracle", "server-ar", "remote-ar")
 
 
 @dataclass
@@ -118,15 +118,13 @@ def run_bench(args: argparse.Namespace) -> int:
     def fail(msg: str) -> SystemExit:
         return SystemExit(f"specedge bench: {msg}")
 
-    serving = (args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or "server-ar" in args.baselines.split(",")
-               or bool(args.netem) or bool(args.pin_cores))
-    if args.netem:
-        from specedge.netem.proxy import parse_conditions
-
-        try:
-            parse_conditions(args.netem)  # a bad spec fails before anything starts
-        except ValueError as e:
-            raise SystemExit(f"specedge bench: {e}")
+    serving = (args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or bool(args.netem) or bool(args.pin_cores)
+               or bool({"server-ar", "remote-ar"} & set(args.baselines.split(","))) or args.tree_size != "adaptive"
+               or bool(args.jitter_ms or args.bandwidth_kbps) or args.overlap != "on")
+    try:  # bad network flags fail before anything starts
+        _check_network_args(args)
+    except ValueError as e:
+        raise fail(str(e))
     if args.server:
         return _run_against_server(args)
     try:
@@ -213,12 +211,28 @@ def _run_against_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_network_args(args) -> None:
+    from specedge.bench.serving import overlap_policies, tree_policies
+    from specedge.netem.proxy import parse_conditions
+
+    if args.netem:
+        parse_conditions(args.netem)
+    tree_policies(args.tree_size)
+    overlap_policies(args.overlap)
+    if args.jitter_ms < 0 or args.bandwidth_kbps < 0:
+        raise ValueError("--jitter-ms and --bandwidth-kbps must be >= 0")
+    if (args.jitter_ms or args.bandwidth_kbps or args.rtt_ms not in ("0", "0.0")) and args.netem:
+        raise ValueError("give either --netem or --rtt-ms/--jitter-ms/--bandwidth-kbps, not both")
+
+
 def _check_serving_args(args, store) -> None:
     in_process = set() if args.server else set(HF_BASELINES)
-    unknown = set(b for b in args.baselines.split(",") if b) - {"ar", "server-ar"} - in_process
+    unknown = set(b for b in args.baselines.split(",") if b) - {"ar", "server-ar", "remote-ar"} - in_process
     if unknown:
-        raise ValueError(f"in gRPC mode (--concurrency/--rtt-ms/--pin-cores/server-ar) the baselines are server-ar"
-                         f"{' and hf-*' if in_process else ''}; {sorted(unknown)} run in-process only")
+        raise ValueError(f"in gRPC mode (--concurrency/--rtt-ms/--pin-cores/--tree-size/server-ar/remote-ar) the "
+                         f"baselines are server-ar, remote-ar{' and hf-*' if in_process else ''}; {sorted(unknown)} "
+                         "run in-process only")
+
     if in_process & set(args.baselines.split(",")) and "1" not in str(args.concurrency).split(","):
         raise ValueError("transformers' baselines run one generation at a time: include 1 in --concurrency")
     if store is not None:

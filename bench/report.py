@@ -27,11 +27,11 @@ def markdown(rows: list[dict]) -> str:
             "draft_ms", "tree_size", "ttft_ms"]
     if rows and "kv_peak_bytes" in rows[0]:
         cols = ["method", "category", "concurrency", "rtt_ms", "n_prompts", "tokens_per_s", "speedup", "baseline",
-                "mean_accepted", "passes_per_token", "verifier_ms_per_token", "draft_ms", "tree_size",
-                "kv_peak_bytes"]
+                "mean_accepted", "passes_per_token", "verifier_ms_per_token", "draft_ms", "tree_size", "tree_policy",
+                "overlap", "kv_peak_bytes"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
-        lines.append("| " + " | ".join("–" if r[c] is None else str(r[c]) for c in cols) + " |")
+        lines.append("| " + " | ".join("–" if r.get(c) is None else str(r[c]) for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -75,6 +75,11 @@ def plot_serving(rows: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "throughput.png", dpi=120)
     plt.close(fig)
+    if len({r["rtt_ms"] for r in rows}) > 1 or any(r.get("tree_policy") not in (None, "adaptive") for r in rows):
+        from specedge.bench.network_report import write_network_report
+
+        runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+        write_network_report(rows, runs, out)
 
 
 def progress_reporter(total: int):

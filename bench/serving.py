@@ -2,8 +2,10 @@
 
 Each (concurrency, rtt) level runs every method on the same jobs: `server-ar` (clients call Generate, the
 verifier decodes with continuous batching) and each drafter (clients draft, the verifier batches the
-trees of all sessions). Aggregate tokens/s is all tokens over the level's wall time. The round trip is
-emulated in the client (half before each request, half after the answer). Clients are threads of this
+trees of all sessions). Aggregate tokens/s is all tokens over the level's wall time. A round trip (and
+--jitter-ms, --bandwidth-kbps) is a real one: the clients reach the verifier through the network-emulating
+proxy (netem/proxy.py), half the round trip each way, so that trees sent ahead of a verdict overlap with it
+as they would on a network. Clients are threads of this
 process; the verifier is `specedge serve` in a child process, as deployed (sharing this process's GIL
 with sixteen clients would slow its engine thread), started afresh for every measurement so that no
 method finds another's prompts in the prefix cache. With `--server HOST:PORT` the clients go to a running
@@ -28,28 +30,6 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 
 
-class DelayedSession:
-    """Adds an emulated network round trip to every step of a session."""
-
-    def __init__(self, session, rtt_ms: float) -> None:
-        self.session, self.half = session, rtt_ms / 2e3
-        self.vocab_size, self.prompt_ids, self.params = session.vocab_size, session.prompt_ids, session.params
-        self.max_tree_tokens = session.max_tree_tokens
-
-    def step(self, tree: DraftTree) -> StepResult:
-        time.sleep(self.half)
-        result = self.session.step(tree)
-        time.sleep(self.half)
-        result.rtt_ms += 2e3 * self.half
-        return result
-
-    def cost_model(self):
-        return self.session.cost_model()
-
-    def close(self) -> None:
-        self.session.close()
-
-
 @dataclass
 class JobResult:
     prompt: int
@@ -57,16 +37,33 @@ class JobResult:
     rounds: int | None
     draft_ms: list[float]
     tree_sizes: list[int]
+    accepted: list[int] = dataclasses.field(default_factory=list)  # per round, as GenerationResult's
+    compute_ms: list[float] = dataclasses.field(default_factory=list)
+    queue_ms: list[float] = dataclasses.field(default_factory=list)
+    network_ms: list[float] = dataclasses.field(default_factory=list)
+    ahead: int = 0  # rounds whose tree went out ahead of the verdict before it
     wall_s: float = 0.0
     verifier_s: float | None = None  # the verifier's engine time on this job (one client at a time only)
     passes: int | None = None  # the verifier's engine steps on this job (likewise)
 
 
-def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rtt_ms: float,
-              max_new_tokens: int, eos: list[int], make_drafter, max_tree: int) -> tuple[list[JobResult], float]:
+SERIAL = "/serial"  # a drafter's method name with this suffix never sends a tree ahead of a verdict
+
+
+def split_method(method: str) -> tuple[str, int | None, bool]:
+    """"retrieval@8/serial" -> ("retrieval", 8, False): the drafter, its fixed tree size (None: adaptive),
+    and whether trees may go out ahead of the verdict in flight (the default; the controller decides)."""
+    overlap = not method.endswith(SERIAL)
+    name, at, size = method.removesuffix(SERIAL).partition("@")
+    return name, int(size) if at else None, overlap
+
+
+def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, max_new_tokens: int, eos: list[int],
+              make_drafter, max_tree: int) -> tuple[list[JobResult], float]:
     """All jobs through `concurrency` client threads -> (results, wall seconds); client k drafts with
-    `make_drafter(k)`. With one client, each job's verifier time and passes are read from the verifier's
-    metrics (where it has them)."""
+    `make_drafter(k)`. `server-ar`: the verifier decodes (one request per job); `remote-ar`: the edge asks
+    for one token per round trip (no drafts). With one client, each job's verifier time and passes are read
+    from the verifier's metrics (where it has them)."""
     from specedge.edge.controller import TreeSizeController
     from specedge.edge.drafter import hints_wanted
     from specedge.edge.generation import generate
@@ -86,8 +83,9 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rt
 
     def worker(k: int) -> None:
         client = RemoteVerifier(verifier.target)
-        drafter = make_drafter(k) if method != "server-ar" else None
-        controller = TreeSizeController(max_tree)
+        drafter = make_drafter(k) if method not in ("server-ar", "remote-ar") else None
+        _, fixed, overlap = split_method(method)
+        controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap)
         try:
             while True:
                 with lock:
@@ -96,14 +94,14 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, rt
                     return
                 before, start = engine_time(), time.perf_counter()
                 if method == "server-ar":
-                    time.sleep(rtt_ms / 1e3)  # the request goes out, the first tokens come back
                     tokens = [t for chunk in client.server_generate(jobs[i], params) for t in chunk]
                     r = JobResult(i, tokens, None, [], [])
                 else:
                     hints = min(hints_wanted(drafter), client.info.limits.max_hints_top_k)
-                    session = DelayedSession(client.open(jobs[i], params, hints_top_k=hints), rtt_ms)
+                    session = client.open(jobs[i], params, hints_top_k=hints)
                     g = generate(session, eos, drafter, controller if drafter is not None else None)
-                    r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes)
+                    r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes, g.accepted, g.compute_ms,
+                                  g.queue_ms, g.network_ms, g.ahead)
                 r.wall_s = time.perf_counter() - start
                 if before is not None and (after := engine_time()) is not None:
                     r.verifier_s, r.passes = after[0] - before[0], int(after[1] - before[1])
@@ -147,9 +145,12 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]
-    drafters = [d for d in args.drafters.split(",") if d]
+    drafters = [d + ("" if size is None else f"@{size}") + ("" if overlap else SERIAL)
+                for d in args.drafters.split(",") if d for size in tree_policies(args.tree_size)
+                for overlap in overlap_policies(args.overlap)]
+    remote = ["remote-ar"] if "remote-ar" in args.baselines.split(",") else []
     in_process = [b for b in args.baselines.split(",") if b in HF_BASELINES]
-    methods = ["server-ar", *drafters]
+    methods = ["server-ar", *remote, *drafters]
     rows = []
     serve_args = ["--model", args.model, "--kv-pool-mb", str(args.kv_pool_mb), "--max-batch-tokens",
                   str(args.max_batch_tokens), "--max-tree-tokens", str(max(args.max_tree, 1)),
@@ -167,6 +168,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
 
     def new_drafter(method: str, client: int):
         """`mix:A+B+...`: client k drafts with the k-th drafter of the list, round robin."""
+        method = split_method(method)[0]
         if method.startswith("mix:"):
             mixed = method.removeprefix("mix:").split("+")
             method = mixed[client % len(mixed)]
@@ -180,12 +182,13 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
             per_method.update({m: [] for m in local_methods})
             for rep in range(args.reps):
                 for method in methods:
-                    with _verifier(args, serve_args) as verifier:
+                    link = emulated_link(args, rtt)
+                    with _verifier(args, serve_args, link) as verifier:
                         warm = RemoteVerifier(verifier.target)
                         list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
                         warm.close()
-                        results, wall = run_level(verifier, method, jobs, concurrency, rtt, args.max_new_tokens,
-                                                  eos, lambda k, m=method: new_drafter(m, k), args.max_tree)
+                        results, wall = run_level(verifier, method, jobs, concurrency, args.max_new_tokens, eos,
+                                                  lambda k, m=method: new_drafter(m, k), args.max_tree)
                         peak = verifier.metric("specedge_kv_peak_bytes")
                     per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
                     record(method, rep, concurrency, rtt, results)
@@ -202,7 +205,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                     record(method, rep, concurrency, None, results)
                     print(f"[in-process] rep {rep + 1} {method}: {tps:.1f} tokens/s", flush=True)
             reference = {r.prompt: r.tokens for r in per_method["server-ar"][0][2]}
-            for method in [*drafters, *local_methods]:
+            for method in [*remote, *drafters, *local_methods]:
                 for _, _, results in per_method[method]:
                     for r in results:
                         if r.tokens != reference[r.prompt]:
@@ -240,6 +243,12 @@ def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurre
     drafts = [ms for r in every for ms in r.draft_ms]
     sizes = [s for r in every for s in r.tree_sizes]
     metered = [r for r in every if r.verifier_s is not None]
+    name, fixed, overlap = split_method(method)
+
+    def per_round(part: str) -> float | None:
+        values = [ms for r in every for ms in getattr(r, part)]
+        return round(statistics.mean(values), 2) if values else None
+
     metered_tokens = sum(len(r.tokens) for r in metered)
     return {
         "method": method, "category": category, "n_prompts": len(wanted), "concurrency": concurrency,
@@ -251,14 +260,54 @@ def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurre
         if metered_tokens else None,
         "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
         "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
+        "tree_policy": None if name in ("server-ar", "remote-ar") or rtt is None else fixed or "adaptive",
+        "overlap": None if name in ("server-ar", "remote-ar") or rtt is None else overlap,
+        "ahead_rounds": sum(r.ahead for r in every) if rounds else None,
+        # The mean round, split: drafting on the edge, then network, the verifier's queue and its pass.
+        "round_draft_ms": per_round("draft_ms"), "round_network_ms": per_round("network_ms"),
+        "round_queue_ms": per_round("queue_ms"), "round_compute_ms": per_round("compute_ms"),
         "kv_peak_bytes": None if runs[0][1] is None else int(max(peak for _, peak, _ in runs)),
         "baseline": base, "reps": reps,
     }
 
 
+def tree_policies(spec: str) -> list[int | None]:
+    """--tree-size "adaptive,8,32" -> [None, 8, 32] (None: the controller's expected-value choice)."""
+    policies = []
+    for part in str(spec).split(","):
+        if part.strip() == "adaptive":
+            policies.append(None)
+        elif part.strip().isdigit() and int(part) > 0:
+            policies.append(int(part))
+        else:
+            raise ValueError(f"--tree-size takes `adaptive` and sizes >= 1, comma-separated; got {part!r}")
+    return policies
+
+
+def overlap_policies(spec: str) -> list[bool]:
+    """--overlap "on,off" -> [True, False]."""
+    policies = [{"on": True, "off": False}.get(part.strip()) for part in str(spec).split(",")]
+    if None in policies:
+        raise ValueError(f"--overlap takes on, off or on,off; got {spec!r}")
+    return policies
+
+
+def emulated_link(args, rtt_ms: float):
+    """The network-emulating proxy's conditions for one round-trip level: half the round trip each way, the
+    jitter at most that half (a delay cannot go negative), the bandwidth; None: no proxy (0 ms, nothing else
+    asked)."""
+    if not (rtt_ms or args.jitter_ms or args.bandwidth_kbps):
+        return None
+    from specedge.netem.proxy import NetworkConditions
+
+    return NetworkConditions(delay_ms=rtt_ms / 2, jitter_ms=min(args.jitter_ms, rtt_ms / 2),
+                             bandwidth_mbps=args.bandwidth_kbps / 1e3, seed=0)
+
+
 @contextlib.contextmanager
-def _verifier(args, serve_args: list[str]):
-    """The verifier to measure against; behind an emulated network (`--netem`) when asked."""
+def _verifier(args, serve_args: list[str], link=None):
+    """The verifier to measure against; behind the network-emulating proxy (`--netem`, or the level's
+    `link`) when asked."""
     if args.server:
         verifier = contextlib.nullcontext(RunningVerifier(args.server))
     else:
@@ -266,13 +315,13 @@ def _verifier(args, serve_args: list[str]):
 
         verifier = VerifierProcess(*serve_args, cpus=pinned_cores(args.pin_cores)[1] if args.pin_cores else None)
     with verifier as v:
-        if not args.netem:
+        if not args.netem and link is None:
             yield v
             return
         from specedge.netem.proxy import EmbeddedProxy, parse_conditions
 
-        with EmbeddedProxy(v.target, parse_conditions(args.netem)) as link:
-            yield _Behind(v, link.target)
+        with EmbeddedProxy(v.target, link or parse_conditions(args.netem)) as proxy:
+            yield _Behind(v, proxy.target)
 
 
 @dataclass

@@ -41,7 +41,18 @@ def add_parser(commands) -> None:
     b.add_argument("--oracle-depth", type=int, default=16, help="draft length of the oracle baseline")
     b.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     b.add_argument("--chat", action="store_true", help="apply the model's chat template to each prompt")
-    b.add_argument("--rtt-ms", default="0", help="emulated network round trips, comma-separated (gRPC mode)")
+    b.add_argument("--rtt-ms", default="0", help="emulated network round trips, comma-separated (gRPC mode): the "
+                   "clients reach the verifier through the network-emulating proxy, half of it each way")
+    b.add_argument("--jitter-ms", type=float, default=0.0,
+                   help="gRPC mode: uniform jitter on each one-way delay (at most half the round trip)")
+    b.add_argument("--bandwidth-kbps", type=float, default=0.0,
+                   help="gRPC mode: link rate each way in kilobits per second (0 = unlimited)")
+    b.add_argument("--tree-size", default="adaptive", metavar="adaptive,N,...",
+                   help="gRPC mode: how many draft nodes each drafter sends: `adaptive` (the controller's choice) "
+                   "and/or fixed sizes; each fixed size N runs as DRAFTER@N beside the others")
+    b.add_argument("--overlap", default="on", metavar="on,off",
+                   help="gRPC mode: whether drafters may send a tree ahead of the verdict in flight (on: when the "
+                   "controller finds it pays); `on,off` also runs each as DRAFTER/serial, never ahead")
     b.add_argument("--concurrency", default="1",
                    help="concurrent edge clients, comma-separated (e.g. 1,4,16). Anything but 1, a round trip "
                    "or the server-ar baseline runs the gRPC mode: clients against a verifier on loopback")

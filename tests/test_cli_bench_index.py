@@ -129,6 +129,36 @@ def test_bench_reaches_the_verifier_through_the_network_proxy_when_asked(tmp_pat
     assert {r["method"] for r in results["rows"]} == {"server-ar", "retrieval"}
 
 
+def test_bench_compares_adaptive_and_fixed_trees_and_remote_decoding_across_a_jittery_link(tmp_path):
+    out = tmp_path / "network"
+    assert main(["bench", "--workload", "shared-doc:2", "--max-new-tokens", "12", "--reps", "1", "--chat",
+                 "--baselines", "server-ar,remote-ar", "--tree-size", "adaptive,4", "--rtt-ms", "30",
+                 "--jitter-ms", "5", "--out", str(out)]) == 0
+    rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())["rows"] if r["category"] == "all"}
+    assert set(rows) == {"server-ar", "remote-ar", "retrieval", "retrieval@4"}
+    assert rows["remote-ar"]["mean_accepted"] == 1.0 and rows["remote-ar"]["tree_size"] == 0  # a token a trip
+    assert rows["retrieval@4"]["tree_policy"] == 4 and rows["retrieval"]["tree_policy"] == "adaptive"
+    runs = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()]
+    for r in runs:
+        same = next(o for o in runs if o["prompt"] == r["prompt"] and o["method"] == "server-ar")
+        assert r["tokens"] == same["tokens"]  # lossless whatever the tree size
+        if r["method"] == "retrieval@4":
+            assert max(r["tree_sizes"]) <= 4
+        if r["method"] != "server-ar":  # the proxy's 15 +- 5 ms each way is in every round
+            assert min(r["network_ms"]) >= 20 and len(r["network_ms"]) == r["rounds"]
+    for r in rows.values():
+        if r["method"] != "server-ar":
+            assert r["round_network_ms"] >= 20 and r["round_compute_ms"] > 0
+    report = (out / "network-report.md").read_text()
+    assert "retrieval / best fixed (retrieval@4)" in report and "retrieval / remote-ar" in report
+    for plot in ("tps_vs_rtt", "tree_size_vs_rtt", "acceptance_by_depth", "round_split"):
+        assert (out / f"{plot}.png").stat().st_size > 1000
+
+
 def test_bench_refuses_bad_network_conditions_before_starting_anything():
     with pytest.raises(SystemExit, match="bad network condition"):
         main(["bench", "--workload", "shared-doc:2", "--baselines", "server-ar", "--netem", "latency=5"])
+    for flags, message in ((["--tree-size", "adaptive,0"], "--tree-size"), (["--jitter-ms", "-1"], "jitter"),
+                           (["--netem", "delay_ms=5", "--jitter-ms", "2"], "not both")):
+        with pytest.raises(SystemExit, match=message):
+            main(["bench", "--workload", "shared-doc:2", "--baselines", "server-ar", *flags])
