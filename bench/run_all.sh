@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every benchmark behind BENCHMARKS.md sections 2, 3, 6 and 7, one after another (run nothing else
+# Every benchmark behind BENCHMARKS.md sections 2, 3, 6, 7 and 8, one after another (run nothing else
 # meanwhile: the machine has 2 cores). About 4 hours on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
 #                                               model-drafting model-mix hints-cost hints-main hints-other
-#                                               hints-replay
+#                                               hints-replay edge-network
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix \
-  hints-cost hints-main hints-other hints-replay)
+  hints-cost hints-main hints-other hints-replay edge-network)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -49,6 +49,10 @@ for step in "${steps[@]}"; do
     hints-other)
       $BIN/specedge bench --workload specbench:$OTHER --per-category 2 --max-new-tokens 128 \
         --reps 2 --chat --drafters retrieval:no-hints,retrieval --baselines ar,suffix --out $OUT/hints-other ;;
+    edge-network)  # section 8: round trips through the network proxy, tree sizes, trees sent ahead; report + plots
+      $BIN/specedge bench --workload specbench:summarization,rag --per-category 3 --max-new-tokens 96 --reps 2 \
+        --chat --rtt-ms 0,80,150 --tree-size adaptive,8,32 --overlap on,off --baselines server-ar,remote-ar \
+        --out $OUT/edge-network ;;
     hints-replay)  # section 7: tokens per pass with every node's hints from the model, CPU and free passes
       for cost in ${HINTS_REPLAY_COSTS:-cpu flat}; do
         $BIN/python bench/replay.py $OUT/hints-main/runs.jsonl --chat --hints model --cost $cost --by-source \

@@ -18,6 +18,10 @@ class DraftTree:
     # than its parent's). Drafters send nodes best first, so any prefix of the nodes is the best tree of
     # its size; a loaded verifier trims by these estimates.
     accept_probs: list[float] | None = None
+    # Optional, never sent: what the drafter wants to learn from each node's verdict (e.g. the acceptance
+    # model's cell it was estimated from). It travels with the nodes through `prefix` and `after`, so a
+    # verdict on a tree sent ahead of others is learned from with its own nodes' notes.
+    notes: list | None = None
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -37,7 +41,8 @@ class DraftTree:
             return self
         proposals = None if self.proposals is None else {p: q for p, q in self.proposals.items() if p < n}
         accept_probs = None if self.accept_probs is None else self.accept_probs[:n]
-        return DraftTree(self.tokens[:n], self.parents[:n], proposals, accept_probs)
+        notes = None if self.notes is None else self.notes[:n]
+        return DraftTree(self.tokens[:n], self.parents[:n], proposals, accept_probs, notes)
 
     def after(self, path: list[int]) -> DraftTree:
         """What is left of this tree once `path` (tokens) has been committed after its root: the subtree
@@ -64,8 +69,9 @@ class DraftTree:
             given = self.accept_probs[node]
             accept_probs = [min(1.0, self.accept_probs[i] / given) if given > 0 else self.accept_probs[i]
                             for i in kept]
+        notes = None if self.notes is None else [self.notes[i] for i in kept]
         return DraftTree([self.tokens[i] for i in kept], [index[self.parents[i]] for i in kept], proposals,
-                         accept_probs)
+                         accept_probs, notes)
 
     def validate(self, vocab_size: int) -> None:
         n = len(self.tokens)

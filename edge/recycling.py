@@ -128,18 +128,18 @@ def _unpadded(ids: np.ndarray, probs: np.ndarray, kind: int) -> tuple[list[int],
 
 
 class Recycler:
-    """A RecyclingTable, its calibration, and what the last grown draft took from it."""
+    """A RecyclingTable and its calibration. A grown draft's notes (DraftTree.notes) say, per node, what
+    it took from the table: (cell: kind * 256 + probability byte, or -1; (class, estimate) for a judged
+    draft node, or None)."""
 
     def __init__(self, k: int) -> None:
         self.table = RecyclingTable(k)
         self.calibration = [Calibration(scale) for scale in PRIOR_SCALE]  # by kind: rows by 1, 2 tokens
         self._luts: list[list[float]] | None = None  # by kind: probability byte -> calibrated probability
-        self._cells: list[int] = []  # per node of the last grown draft: kind * 256 + probability byte, or -1
         # Correcting the draft's own estimates: per class (row kind x agreement), the verdicts on judged nodes
         # against what their estimates expected.
         classes = len(PRIOR_SCALE) * (len(AGREEMENT) + 2)
         self._judged_accepted, self._judged_expected = np.zeros(classes), np.zeros(classes)
-        self._judged: list[tuple[int, float] | None] = []  # per node of the last grown draft: (class, estimate)
 
     def grow(self, draft: DraftTree, context: list[int], max_nodes: int) -> tuple[DraftTree, list[int]]:
         """`draft` (best first, with estimates) extended by table rows; also, per node of the result, its
@@ -212,11 +212,10 @@ class Recycler:
         # Path estimates never grow downwards and ties go shallower first, so parents come first.
         order = sorted(range(len(tokens)), key=lambda i: (-estimate[i], depth[i], i))[:max_nodes]
         new = {old: k for k, old in enumerate(order)}
-        self._cells = [cells[i] for i in order]
         drafted_nodes = len(draft)
-        self._judged = [judged[i] if i < drafted_nodes else None for i in order]
+        notes = [(cells[i], judged[i] if i < drafted_nodes else None) for i in order]
         tree = DraftTree([tokens[i] for i in order], [new[parents[i]] if parents[i] >= 0 else -1 for i in order],
-                         accept_probs=[min(1.0, estimate[i]) for i in order])
+                         accept_probs=[min(1.0, estimate[i]) for i in order], notes=notes)
         return tree, [i if i < drafted_nodes else -1 for i in order]
 
     def _judge(self, draft: DraftTree, row_of) -> tuple[list[float], list[tuple[int, float] | None]]:
@@ -242,23 +241,22 @@ class Recycler:
             estimate.append((1.0 if parent < 0 else estimate[parent]) * cond)
         return estimate, judged
 
-    def observe(self, reached: np.ndarray, accepted: np.ndarray) -> np.ndarray | None:
-        """Learn from the verdict on the last grown draft's nodes that were sent (`reached`/`accepted`, per
-        node of the sent prefix: edge/calibration.py's reached_and_accepted). Returns which of them the
-        table proposed (None: the draft was not grown)."""
-        if len(self._cells) < len(reached):
-            self._cells, self._judged = [], []
-            return None  # not a grown draft's prefix: nothing of the table's was sent
-        for judged, was_reached, was_accepted in zip(self._judged, reached, accepted):
+    def observe(self, notes: list | None, reached: np.ndarray, accepted: np.ndarray) -> np.ndarray | None:
+        """Learn from the verdict on a grown draft's nodes that were sent (their `notes`; `reached`/`accepted`
+        per node: edge/calibration.py's reached_and_accepted). Returns which of them the table proposed
+        (None: the draft was not grown)."""
+        if notes is None:
+            return None  # nothing of the table's was sent
+        for (_, judged), was_reached, was_accepted in zip(notes, reached, accepted):
             if judged is not None and was_reached:
                 self._judged_accepted[judged[0]] += was_accepted
                 self._judged_expected[judged[0]] += judged[1]
-        cells = np.asarray(self._cells[: len(reached)], dtype=np.int64)
+        cells = np.asarray([cell for cell, _ in notes], dtype=np.int64)
         mine = reached & (cells >= 0)
         for kind, calibration in enumerate(self.calibration):
             of_kind = mine & (cells // 256 == kind)
             calibration.update(Calibration.buckets(cells[of_kind] % 256 / 255), accepted[of_kind])
-        self._cells, self._judged, self._luts = [], [], None
+        self._luts = None
         return cells >= 0
 
     def learn(self, context: list[int], tree: DraftTree, hints: Hints) -> None:

@@ -47,7 +47,6 @@ class RetrievalDrafter:
         self.index = ContextIndex()
         self.history = ContextIndex()  # earlier generations' outputs, each followed by a separator (-1)
         self._prompt_len = 0
-        self._cells = np.zeros(0, dtype=np.int64)  # model cells of the last draft's nodes; -1: not retrieval's
         # (source, depth) -> [reached, accepted] over the nodes sent: where drafted tokens are won and lost
         # (source: retrieval, table, both); for reports, nothing reads it here.
         self.verdicts_by_source: dict[tuple[str, int], list[int]] = {}
@@ -84,21 +83,26 @@ class RetrievalDrafter:
         # take GROW_SLACK more each round when the drafts get better).
         cap = min(self.max_nodes, max(self._sent) + GROW_SLACK) if self._sent else self.max_nodes
         draft, stats = build_draft(self.candidates(), self.model, cap, self.max_depth)
-        self._cells = stats.cells()
+        cells = stats.cells()  # the acceptance model's cell of each node
+        table_notes = None
         if self.recycler is not None and len(self.recycler.table):
             draft, source = self.recycler.grow(draft, self._tail(CONTEXT), cap)
             source = np.asarray(source, dtype=np.int64)
-            self._cells = np.where(source >= 0, self._cells[np.maximum(source, 0)] if len(self._cells) else -1, -1)
+            cells = np.where(source >= 0, cells[np.maximum(source, 0)] if len(cells) else -1, -1)
+            table_notes = draft.notes
+        # Per node: (its model cell, -1 where retrieval did not propose it; what it took from the table).
+        draft.notes = list(zip(cells.tolist(), table_notes or [None] * len(draft)))
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         self._sent.append(len(tree))
-        if len(tree):
+        if len(tree) and tree.notes is not None:  # (a tree not drafted here has no notes to learn by)
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
-            cells = self._cells[: len(tree)]
+            cells = np.array([cell for cell, _ in tree.notes], dtype=np.int64)
             mine = reached & (cells >= 0)
             self.model.update(cells[mine], accepted[mine])
-            tabled = self.recycler.observe(reached, accepted) if self.recycler is not None else None
+            table_notes = None if tree.notes[0][1] is None else [note for _, note in tree.notes]
+            tabled = self.recycler.observe(table_notes, reached, accepted) if self.recycler is not None else None
             for node, depth in enumerate(tree.depths()):
                 if reached[node]:
                     source = "retrieval" if tabled is None or not tabled[node] else "table"
@@ -108,7 +112,6 @@ class RetrievalDrafter:
                     counts[1] += int(accepted[node])
         if result.hints is not None:
             self.learn_hints(tree, result.hints)
-        self._cells = self._cells[:0]
         self.index.append(result.tokens)
 
     def learn_hints(self, tree: DraftTree, hints: Hints) -> None:

@@ -72,8 +72,10 @@ class NetworkProxy:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-            for task in list(self._tasks):
+            tasks = list(self._tasks)
+            for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._server.wait_closed()
 
     async def _serve(self, client_reader, client_writer) -> None:
@@ -104,6 +106,7 @@ class NetworkProxy:
         finally:
             for t in directions:
                 t.cancel()
+            await asyncio.gather(*directions, return_exceptions=True)  # each ends its own delivery task
             for writer in (client_writer, up_writer):
                 writer.close()
             self._tasks.discard(task)
@@ -138,6 +141,7 @@ class NetworkProxy:
                 writer.write_eof()
         finally:
             deliver.cancel()
+            await asyncio.gather(deliver, return_exceptions=True)
 
     @staticmethod
     async def _deliver(queue: asyncio.Queue, writer: asyncio.StreamWriter) -> None:

@@ -141,3 +141,16 @@ def test_a_link_that_resets_with_trees_in_flight_loses_nothing(server, reference
         got = generate(session, drafter=oracle(reference, depth=6), controller=TreeSizeController(max_nodes=4))
     assert got.token_ids == reference
     assert session.resumes >= 1 and got.ahead >= 1
+
+
+def test_the_retrieval_drafter_with_hints_learns_from_trees_sent_ahead_and_stays_lossless(server, reference):
+    """Each verdict is learned from with the notes of the nodes it judged (DraftTree.notes travel through
+    `after`), even when the drafter has proposed another tree since."""
+    from specedge.edge.retrieval import RetrievalDrafter
+
+    drafter = RetrievalDrafter(hints_top_k=8)
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        session = ResumableSession(lambda: RemoteVerifier(link.target), PROMPT, LONG, "c", "", hints_top_k=8)
+        got = generate(session, drafter=drafter, controller=TreeSizeController(max_nodes=8))
+    assert got.token_ids == reference and got.ahead >= 2
+    assert sum(reached for reached, _ in drafter.verdicts_by_source.values()) > 0

@@ -107,7 +107,7 @@ def test_a_node_both_sources_propose_is_one_node_with_the_higher_estimate_and_bo
     assert tree.tokens.count(7) == 1 and source[tree.tokens.index(7)] == 0
     assert tree.accept_probs[tree.tokens.index(7)] > 0.1
     reached, accepted = reached_and_accepted(tree.parents, [tree.tokens.index(7)])
-    recycler.observe(reached, accepted)
+    recycler.observe(tree.notes, reached, accepted)
     by_two = recycler.calibration[1]  # the row was kept by the context (1, 2)
     assert by_two.reached.sum() == 1 and by_two.accepted.sum() == 1
     assert recycler.calibration[0].reached.sum() == 0
@@ -119,7 +119,7 @@ def test_hints_that_keep_failing_are_trusted_less_and_less():
     first = grown(recycler, DraftTree.empty(), [1, 2])[0].accept_probs[0]
     for _ in range(20):
         tree, _ = grown(recycler, DraftTree.empty(), [1, 2])
-        recycler.observe(*reached_and_accepted(tree.parents, []))
+        recycler.observe(tree.notes, *reached_and_accepted(tree.parents, []))
     later = grown(recycler, DraftTree.empty(), [1, 2])[0]
     assert len(later) == 0 or later.accept_probs[0] < first / 3
 
@@ -134,7 +134,7 @@ def test_a_draft_node_the_target_keeps_rejecting_where_its_row_says_otherwise_is
     assert first.accept_probs[first.tokens.index(4)] == 0.5  # nothing learnt yet: unchanged
     for _ in range(30):
         tree, _ = grown(recycler, retrieval, [1, 2])
-        recycler.observe(*reached_and_accepted(tree.parents, [tree.tokens.index(3)]))  # 3 is right every time
+        recycler.observe(tree.notes, *reached_and_accepted(tree.parents, [tree.tokens.index(3)]))  # 3 right each time
     later, _ = grown(recycler, retrieval, [1, 2])
     assert later.accept_probs[later.tokens.index(4)] < 0.15
     assert later.accept_probs[later.tokens.index(3)] >= 0.4 and later.tokens[0] == 3
@@ -157,7 +157,7 @@ def test_any_draft_and_any_table_grow_into_a_valid_best_first_tree(data):
         grown_tree, _ = recycler.grow(random_draft(data, vocab), context, 8)
         sent = data.draw(st.integers(0, len(grown_tree)))
         accepted = [i for i in grown_tree.path_to(data.draw(st.integers(0, max(0, sent - 1))))] if sent else []
-        recycler.observe(*reached_and_accepted(grown_tree.parents[:sent], accepted))
+        recycler.observe(grown_tree.prefix(sent).notes, *reached_and_accepted(grown_tree.parents[:sent], accepted))
     draft = random_draft(data, vocab)
     max_nodes = data.draw(st.integers(1, 20))
     tree, source = grown(recycler, draft, data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4)),
