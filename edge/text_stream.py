@@ -59,10 +59,13 @@ class TextStream:
         return piece
 
     def _held_back(self, text: str) -> int:
-        held = len(text) - len(text.rstrip(REPLACEMENT))
-        for stop in self.stops:  # the longest end of the text that a stop string starts with
-            held = max(held, next((n for n in range(min(len(stop) - 1, len(text)), 0, -1)
-                                   if text.endswith(stop[:n])), 0))
+        """Characters at the end of `text` that may still change: an incomplete character, and before it
+        the longest end that a stop string starts with (or what the space clean-up may rewrite)."""
+        settled = text.rstrip(REPLACEMENT)
+        held = 0
+        for stop in self.stops:
+            held = max(held, next((n for n in range(min(len(stop) - 1, len(settled)), 0, -1)
+                                   if settled.endswith(stop[:n])), 0))
         if getattr(self.tokenizer, "clean_up_spaces", False):
             held = max(held, CLEAN_UP_REACH)
-        return held
+        return len(text) - len(settled) + held

@@ -5,7 +5,7 @@ bytes span tokens) and Gemma 3's SentencePiece BPE with byte fallback (`<0xNN>` 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
@@ -77,6 +77,7 @@ def test_an_output_that_ends_inside_a_character_releases_it_at_the_end_as_the_de
 @given(text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40),
        stop=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=3),
        sizes=st.lists(st.integers(1, 4), max_size=30))
+@example(text="00\x80", stop="0\x80", sizes=[3])  # a stop that starts before a character still incomplete
 def test_any_text_streamed_in_any_chunks_joins_into_the_stop_cut_decoded_text(tokenizer, text, stop, sizes):
     ids = tokenizer.encode_documents([text])[0]
     pieces, stream = stream_in_chunks(tokenizer, ids, (stop,), sizes)
