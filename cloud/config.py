@@ -28,11 +28,17 @@ class ServerConfig:
     max_new_tokens: int = _setting(4096, "most tokens one session may generate")
     max_hints_top_k: int = _setting(DEFAULT_HINTS_TOP_K, "most hint tokens per verified position a session may ask "
                                     "for (the target's own top-k, which edges draft from); 0 = no hints")
-    max_sessions_per_client: int = _setting(64, "open sessions per client id")
+    max_sessions_per_client: int = _setting(64, "open sessions per client identity (a client certificate's name, "
+                                            "an --auth-tokens name, else the client's IP address)")
     max_tokens_per_client: int = _setting(0, "tokens (prompt + max_new_tokens) a client's open sessions may "
                                           "claim together; 0 = no limit")
     idle_timeout_s: float = _setting(300.0, "close sessions idle this long")
-    auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` metadata")
+    auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` metadata (one token shared by "
+                                      "all clients; with --auth-tokens, either is accepted)")
+    auth_tokens: str | None = _setting(None, "file of `NAME TOKEN` lines: each client's own bearer token; its NAME is "
+                                       "the identity its per-client limits count against")
+    trusted_relays: str = _setting("", "identities allowed to speak for their clients (comma-separated, e.g. "
+                                   "token:router): a router relaying sessions passes each client's identity on")
     tls_cert: str | None = _setting(None, "PEM certificate: serve TLS (with --tls-key)")
     tls_key: str | None = _setting(None, "PEM private key of --tls-cert")
     tls_client_ca: str | None = _setting(None, "PEM CA: require client certificates it signed (mutual TLS)")

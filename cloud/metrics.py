@@ -26,22 +26,18 @@ class VerifierMetrics:
         self.prompt_tokens = Counter("specedge_prompt_tokens", "prompt tokens of opened sessions, by whether their "
                                      "KV came from the prefix cache", ["source"], registry=r)
         self.errors = Counter("specedge_rpc_errors", "RPCs ended with an error status", ["code"], registry=r)
+        # Read from the pool at each scrape: a session's blocks show as released as soon as they are, not at
+        # the next engine step (which may never come on an idle verifier).
         self.kv_blocks = Gauge("specedge_kv_blocks", "KV pool blocks by state", ["state"], registry=r)
+        for state in ("used", "cached", "free"):
+            self.kv_blocks.labels(state).set_function(lambda state=state: getattr(pool.stats(), state))
         self.kv_peak_bytes = Gauge("specedge_kv_peak_bytes", "most KV bytes in use at once", registry=r)
-        self.observe_pool()
+        self.kv_peak_bytes.set_function(lambda: pool.peak_used * pool.bytes_per_block)
 
     def on_step(self, s: StepStats) -> None:
         self.batch_sessions.observe(s.sessions)
         self.step_tokens.observe(s.tokens)
         self.step_seconds.observe(s.ms / 1e3)
-        self.observe_pool()
-
-    def observe_pool(self) -> None:
-        st = self.pool.stats()
-        self.kv_blocks.labels("used").set(st.used)
-        self.kv_blocks.labels("cached").set(st.cached)
-        self.kv_blocks.labels("free").set(st.free)
-        self.kv_peak_bytes.set(self.pool.peak_used * st.bytes_per_block)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
         start_http_server(port, addr=host, registry=self.registry)

@@ -123,7 +123,9 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """-> (model in eval mode, tokenizer), from a registry name or a local HF model dir."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a bar for a load of a second or two is noise in every command's output
     path = resolve_model_dir(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

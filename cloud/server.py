@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from specedge.cloud.auth import BearerAuth
+from specedge.cloud.auth import BearerAuth, accepted_tokens
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.router.registration import Registration
 from specedge.cloud.service import ServedModel, VerifierService, log_event
@@ -37,16 +37,21 @@ class RunningServer:
             migrate = self.registration is not None
         if self.registration is not None:
             await self.registration.leave()
+        live = lambda: sum(self.service.sessions_by_client.values())  # noqa: E731
+        log_event("stopping", sessions=live(), grace_s=grace_s, migrate=migrate)
         if migrate:
             self.service.drain()
         else:
             self.service.draining = True
             self.not_serving()
-        deadline = time.monotonic() + grace_s
+        started = time.monotonic()
+        deadline = started + grace_s
         while self.service.sessions_by_client and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        left = live()  # cut off when the server stops below
         await self.server.stop(grace=max(0.0, deadline - time.monotonic()))
         self.service.scheduler.stop()
+        log_event("stopped", seconds=round(time.monotonic() - started, 3), sessions_cut_off=left)
 
     def not_serving(self) -> None:
         for name in ("", SERVICE):
@@ -64,7 +69,8 @@ def advertised_address(config: ServerConfig, port: int) -> str:
 async def start_server(model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
     """Serve `model`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
     service = VerifierService(model, config, scheduler_thread)
-    interceptors = [BearerAuth(config.auth_token, (f"/{SERVICE}/",))] if config.auth_token else []
+    tokens = accepted_tokens(config.auth_token, service.identities.tokens)
+    interceptors = [BearerAuth(tokens, (f"/{SERVICE}/",))] if tokens else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", 16 << 20), ("grpc.so_reuseport", 0)])
     handlers = {
@@ -99,7 +105,7 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
     if config.metrics_port is not None:
         service.metrics.serve(config.metrics_port, config.host)
     log_event("serving", address=f"{config.host}:{port}", model=config.model, tls=bool(config.tls_cert),
-             auth=bool(config.auth_token), kv_blocks=model.engine.pool.num_blocks)
+             auth=bool(tokens), kv_blocks=model.engine.pool.num_blocks)
     running = RunningServer(server, service, health_servicer, port)
     if config.register:
         metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else ()

@@ -22,6 +22,7 @@ from specedge import __version__
 from specedge.cloud.cache_watchers import CacheWatchers, net_changes
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
+from specedge.cloud.identity import Identities, read_token_file
 from specedge.cloud.kv_pool import KVPoolExhausted
 from specedge.cloud.metrics import VerifierMetrics
 from specedge.cloud.requests import StepOutcome
@@ -61,6 +62,9 @@ class VerifierService:
         limits = StepLimits(config.max_batch_tokens, config.admission_timeout_s)
         self.scheduler = VerifyScheduler(model.engine, limits, config.gather_ms, on_step=self.metrics.on_step,
                                          own_thread=scheduler_thread)
+        tokens = read_token_file(config.auth_tokens) if config.auth_tokens else {}
+        relays = frozenset(r.strip() for r in config.trusted_relays.split(",") if r.strip())
+        self.identities = Identities(tokens, relays)  # whom the per-client limits count against
         self.sessions_by_client: Counter[str] = Counter()
         self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
         self.draining = False  # no new sessions
@@ -96,7 +100,7 @@ class VerifierService:
                              "this verifier serves token ids only: it has no tokenizer to give")
             if req.fingerprint and req.fingerprint != self.model.fingerprint:
                 raise _Abort(grpc.StatusCode.NOT_FOUND, f"this verifier's tokenizer is {self.model.fingerprint}, "
-                             f"not {req.fingerprint}")
+                             f"not {wire.shown(req.fingerprint)}")
             for part in wire.tokenizer_to_parts(self.model.tokenizer, self.model.fingerprint):
                 yield part.SerializeToString()
         except _Abort as e:
@@ -105,6 +109,7 @@ class VerifierService:
 
     async def Session(self, requests, context):
         seq, client, claim, started = None, None, 0, time.perf_counter()
+        label = identity = None  # for the log: what the client calls itself, and who it is
         try:
             first = await self._next(requests, context)
             if first is None:
@@ -113,7 +118,9 @@ class VerifierService:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be `open`")
             op = first.open
             prompt, params, tree = self._validate_open(op.prompt_ids, op.params, op.draft, op.tokenizer_fingerprint)
-            client, claim = self._admit(op.client_id or context.peer(), len(prompt) + params.max_new_tokens)
+            label = self._label(op.client_id)
+            client, claim = self._admit(self.identities.of(context), len(prompt) + params.max_new_tokens)
+            identity = client
             hints_top_k = min(max(0, op.hints_top_k), self.config.max_hints_top_k)  # a larger ask gets the cap
             seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, tree, hints_top_k))
             generated = list(outcome.verdict.tokens)  # committed after the prompt
@@ -126,11 +133,18 @@ class VerifierService:
                                                       verdict=self._verdict(outcome))).SerializeToString()
             while True:
                 req = await self._next(requests, context)
-                kind = None if req is None else req.WhichOneof("kind")
-                if kind in (None, "close"):
+                if req is None:  # the client ended its stream without a close: the same, as far as it goes
+                    return
+                kind = req.WhichOneof("kind")
+                if kind == "close":
+                    self._release(seq, client, claim)
+                    seq = client = None
+                    if await self._next(requests, context) is not None:
+                        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a message after close: the session has ended")
                     return
                 if kind != "draft":
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"expected a draft or close, got {kind}")
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"expected a draft or close, got {kind or 'an empty message'}")
                 if len(generated) >= params.max_new_tokens:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
@@ -143,14 +157,15 @@ class VerifierService:
             await context.abort(e.code, e.message, e.trailing)
         finally:
             self._release(seq, client, claim)
-            log_event("session_end", client=client, seconds=round(time.perf_counter() - started, 3))
+            log_event("session_end", client=label, identity=identity, seconds=round(time.perf_counter() - started, 3))
 
     async def Generate(self, raw: bytes, context):
         seq, client, claim = None, None, 0
         try:
             req = _parse(pb.GenerateRequest, raw)
             prompt, params, _ = self._validate_open(req.prompt_ids, req.params, pb.DraftTree(), "")
-            client, claim = self._admit(req.client_id or context.peer(), len(prompt) + params.max_new_tokens)
+            self._label(req.client_id)
+            client, claim = self._admit(self.identities.of(context), len(prompt) + params.max_new_tokens)
             self.metrics.sessions_total.labels("Generate").inc()
             seq, outcome = await self._open(prompt, params, DraftTree.empty())
             produced = 0
@@ -249,7 +264,7 @@ class VerifierService:
             raise _moved()
         if fingerprint and fingerprint != self.model.fingerprint:
             raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"tokenizer fingerprint {fingerprint} differs from the verifier's {self.model.fingerprint}: "
+                         f"tokenizer fingerprint {wire.shown(fingerprint)} differs from the verifier's {self.model.fingerprint}: "
                          "the edge encodes text differently from this model")
         c, v = self.config, self.engine.vocab_size
         try:
@@ -265,15 +280,22 @@ class VerifierService:
         except ValueError as e:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad draft tree: {e}")
 
+    @staticmethod
+    def _label(client_id: str) -> str | None:
+        try:
+            return wire.client_label(client_id)
+        except ValueError as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+
     def _admit(self, client: str, tokens: int) -> tuple[str, int]:
         """Count a new session (which may come to hold `tokens` tokens of KV) against its client's limits."""
         c = self.config
         if self.sessions_by_client[client] >= c.max_sessions_per_client:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {client!r} already has {c.max_sessions_per_client} open sessions")
+                         f"client {wire.shown(client)} already has {c.max_sessions_per_client} open sessions")
         if c.max_tokens_per_client and self.tokens_by_client[client] + tokens > c.max_tokens_per_client:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {client!r} has sessions claiming {self.tokens_by_client[client]} tokens; this one "
+                         f"client {wire.shown(client)} has sessions claiming {self.tokens_by_client[client]} tokens; this one "
                          f"(prompt + max_new_tokens = {tokens}) would pass its limit of {c.max_tokens_per_client}")
         self.sessions_by_client[client] += 1
         self.tokens_by_client[client] += tokens

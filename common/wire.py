@@ -16,6 +16,7 @@ RETRY_AFTER_MS = "specedge-retry-after-ms"
 # Trailing metadata of an UNAVAILABLE from a draining verifier: reopen the session elsewhere now, with the
 # prompt plus the committed tokens (no back-off: the stream ended at a round boundary on purpose).
 MIGRATE = "specedge-migrate"
+MAX_CLIENT_ID = 128  # characters of the label a client gives itself (logged with its sessions)
 TOKENIZER_PART_BYTES = 1 << 20  # gRPC's default message limit is 4 MiB; Gemma 3's tokenizer.json is 33 MB
 
 
@@ -78,6 +79,21 @@ def params_from_pb(msg: pb.SamplingParams, max_new_tokens_limit: int) -> Samplin
         raise ValueError(f"max_new_tokens {max_new} is over this verifier's limit of {max_new_tokens_limit}")
     return SamplingParams(temperature=msg.temperature, top_p=msg.top_p or 1.0, top_k=msg.top_k,
                           seed=msg.seed if msg.HasField("seed") else None, max_new_tokens=max_new)
+
+
+def client_label(client_id: str) -> str | None:
+    """The `client_id` a client sends, checked before it is logged: None when it sent none."""
+    if len(client_id) > MAX_CLIENT_ID:
+        raise ValueError(f"client_id has {len(client_id)} characters; at most {MAX_CLIENT_ID} are taken")
+    if not client_id.isprintable():
+        raise ValueError("client_id must be printable text, without control characters")
+    return client_id or None
+
+
+def shown(text: str, limit: int = 64) -> str:
+    """A string a client sent, as an error message or a log line may quote it: cut to `limit` characters
+    (a long one would fill the log, or overflow gRPC's limit on the status message's metadata)."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def prompt_from_pb(ids, vocab_size: int, max_tokens: int) -> list[int]:

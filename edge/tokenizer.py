@@ -49,7 +49,7 @@ class EdgeTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` with the tokenizer's own special tokens (e.g. BOS), as `tokenizer(text)`."""
-        return self.backend.encode(text)
+        return self.backend.encode(checked_text(text))
 
     def encode_documents(self, texts: list[str]) -> list[list[int]]:
         """Token ids of many texts, without special tokens (the long-term datastore's documents)."""
@@ -67,7 +67,10 @@ class EdgeTokenizer:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """Token ids of a conversation in the chat template, ready for the assistant's turn (the template
         writes the special tokens itself)."""
-        return self.backend.encode(self.render_chat(messages), add_special_tokens=False)
+        for m in messages:
+            if isinstance(m.get("content"), str):
+                checked_text(m["content"])
+        return self.backend.encode(checked_text(self.render_chat(messages)), add_special_tokens=False)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -146,4 +149,19 @@ def _clean_up(text: str) -> str:
     for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
                           (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
         text = text.replace(before, after)
+    return text
+
+
+def checked_text(text: str) -> str:
+    """`text`, if it is text: a command-line argument with bytes that are not UTF-8 arrives with them as lone
+    surrogates (and JSON may carry them as escapes), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        try:
+            bad = text[e.start : e.end].encode("utf-8", "surrogateescape")
+            what = ("byte " if len(bad) == 1 else "bytes ") + bad.hex(" ")
+        except UnicodeEncodeError:
+            what = "a lone surrogate"
+        raise ValueError(f"the prompt is not valid UTF-8 ({what} at character {e.start})") from None
     return text

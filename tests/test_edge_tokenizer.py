@@ -174,3 +174,15 @@ def test_get_tokenizer_refuses_another_fingerprint_and_a_verifier_without_a_toke
             remote.tokenizer("")
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "token ids only" in e.value.details()
         remote.close()
+
+
+def test_a_prompt_that_is_not_utf8_gets_a_one_line_error_naming_the_bytes(pair):
+    _, edge = pair
+    not_utf8 = b"abc\xff\xfe".decode("utf-8", "surrogateescape")  # how Linux hands such an argument to Python
+    for chat in (False, True):
+        if chat and not edge.chat_template:
+            continue
+        with pytest.raises(ValueError, match=r"not valid UTF-8 \(bytes ff fe at character 3\)"):
+            edge.encode_prompt(not_utf8, chat=chat)
+    with pytest.raises(ValueError, match="a lone surrogate"):
+        edge.encode("\ud800 from a JSON escape")

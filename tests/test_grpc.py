@@ -157,6 +157,21 @@ BAD_SESSIONS = {
     "wrong tokenizer": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, tokenizer_fingerprint="other"))],
                         grpc.StatusCode.FAILED_PRECONDITION, "fingerprint"),
     "open twice": ([opening(), opening()], grpc.StatusCode.INVALID_ARGUMENT, "expected a draft"),
+    "empty message after open": ([opening(), pb.SessionRequest()], grpc.StatusCode.INVALID_ARGUMENT, "empty message"),
+    "draft after close": ([opening(), pb.SessionRequest(close=pb.CloseSession()), drafting([1], [-1])],
+                          grpc.StatusCode.INVALID_ARGUMENT, "after close"),
+    "NaN acceptance estimate": ([opening(), pb.SessionRequest(draft=pb.DraftTree(
+        tokens=[1], parents=[-1], accept_probs=[float("nan")]))], grpc.StatusCode.INVALID_ARGUMENT, "[0, 1]"),
+    "infinite proposal probability": ([opening(temperature=1), pb.SessionRequest(draft=pb.DraftTree(
+        tokens=[1], parents=[-1], proposals=[pb.Proposal(parent=-1, token_ids=[1, 2], probs=[float("inf"), 0])]))],
+        grpc.StatusCode.INVALID_ARGUMENT, "finite"),
+    "100,000-character client_id": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, client_id="x" * 100_000))],
+                                    grpc.StatusCode.INVALID_ARGUMENT, "at most 128"),
+    "client_id with a newline": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, client_id="a\nb"))],
+                                 grpc.StatusCode.INVALID_ARGUMENT, "printable"),
+    "10,000-character fingerprint": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT,
+                                                                            tokenizer_fingerprint="f" * 10_000))],
+                                     grpc.StatusCode.FAILED_PRECONDITION, "(10000 characters)"),
 }
 
 
@@ -167,6 +182,7 @@ def test_bad_input_gets_its_status_and_the_server_keeps_serving(server, case):
         open_raw(server, *requests)
     assert err.value.code() == code, err.value.details()
     assert message in err.value.details()
+    assert len(err.value.details()) < 500  # what the client sent is quoted in part, never whole
     assert healthy(server)
     assert server.used_blocks() == 0
     assert len(solo_output(server, params=SamplingParams(max_new_tokens=4))) == 4
@@ -186,27 +202,51 @@ def test_undecodable_bytes_get_invalid_argument(server, garbage):
     assert healthy(server)
 
 
-def two_held_and_a_third_refused(verifier: RemoteVerifier, client_id: str):
-    """Opens two sessions of `client_id` (they are served) and a third, which must be refused with
-    RESOURCE_EXHAUSTED -> (the two open sessions, the refusal's details)."""
+def two_held_and_a_third_refused(verifier: RemoteVerifier, client_id: str, third_id: str | None = None):
+    """Opens two sessions of `client_id` (they are served) and a third (as `third_id` if given), which must
+    be refused with RESOURCE_EXHAUSTED -> (the two open sessions, the refusal's details)."""
     held = [verifier.open(PROMPT, GREEDY, client_id=client_id) for _ in range(2)]
     for h in held:
         h.step(DraftTree.empty())
-    third = verifier.open(PROMPT, GREEDY, client_id=client_id)
+    third = verifier.open(PROMPT, GREEDY, client_id=third_id or client_id)
     with pytest.raises(grpc.RpcError) as err:
         third.step(DraftTree.empty())
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     return held, err.value.details()
 
 
-def test_per_client_session_limit():
+def tokens_file(tmp_path, **names) -> str:
+    path = tmp_path / "tokens"
+    path.write_text("# NAME TOKEN\n" + "".join(f"{name} {token}\n" for name, token in names.items()))
+    return str(path)
+
+
+def test_per_client_session_limit_counts_the_token_holder_not_the_client_id_it_declares(tmp_path):
+    with tiny_verifier(max_sessions_per_client=2, auth_tokens=tokens_file(tmp_path, alice="a-t0k", bob="b-t0k")) as s:
+        alice = RemoteVerifier(s.target, ChannelConfig(auth_token="a-t0k"))
+        held = [alice.open(PROMPT, GREEDY, client_id=f"made-up-{i}") for i in range(2)]
+        for h in held:
+            h.step(DraftTree.empty())
+        with pytest.raises(grpc.RpcError) as err:  # a third made-up id is still alice
+            alice.open(PROMPT, GREEDY, client_id="made-up-2").step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "'token:alice' already has 2 open sessions" in err.value.details()
+        bob = RemoteVerifier(s.target, ChannelConfig(auth_token="b-t0k")).open(PROMPT, GREEDY, client_id="made-up-0")
+        bob.step(DraftTree.empty())  # other clients are not affected
+        with pytest.raises(grpc.RpcError) as err:
+            RemoteVerifier(s.target, ChannelConfig(auth_token="forged"))
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        for h in held + [bob]:
+            h.close()
+        assert s.used_blocks() == 0
+
+
+def test_without_authentication_the_limits_count_the_client_address():
     with tiny_verifier(max_sessions_per_client=2) as s:
         verifier = RemoteVerifier(s.target)
-        held, refusal = two_held_and_a_third_refused(verifier, "greedy-client")
-        assert "2 open sessions" in refusal
-        other = verifier.open(PROMPT, GREEDY, client_id="someone-else")
-        other.step(DraftTree.empty())  # other clients are not affected
-        for h in held + [other]:
+        held, refusal = two_held_and_a_third_refused(verifier, "one-id", third_id="another-id")
+        assert "'peer:ipv4:127.0.0.1' already has 2 open sessions" in refusal
+        for h in held:
             h.close()
         assert s.used_blocks() == 0
 
@@ -305,10 +345,18 @@ def test_a_client_killed_mid_stream_releases_its_blocks(server):
     child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "open"
     assert server.engine.pool.stats().used > baseline
+    assert scraped_kv_blocks(server, "used") == server.engine.pool.stats().used
     child.kill()  # SIGKILL: no close, no goodbye
     child.wait()
     assert server.used_blocks(baseline) == baseline
+    assert scraped_kv_blocks(server, "used") == baseline  # the metrics show the release without a step since
     assert healthy(server)
+
+
+def scraped_kv_blocks(server: EmbeddedVerifier, state: str) -> float:
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.service.config.metrics_port}/metrics").read().decode()
+    return next(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith(f'specedge_kv_blocks{{state="{state}"}}'))
 
 
 # ---- security -----------------------------------------------------------------------------------------

@@ -155,3 +155,5 @@ def test_the_dockerfile_command_serves_and_generate_connects_as_separate_process
     finally:
         server.terminate()  # SIGTERM: graceful drain, then exit
         assert server.wait(timeout=60) == 0
+        log = server.stdout.read()
+        assert '"event": "stopping"' in log and '"event": "stopped"' in log, log

@@ -10,8 +10,9 @@ import time
 
 import grpc
 import pytest
-from test_grpc import PROMPT, V, solo_output, tiny_verifier
+from test_grpc import GREEDY, PROMPT, V, open_raw, opening, solo_output, tiny_verifier
 
+from specedge.cloud.identity import CLIENT_IDENTITY
 from specedge.cloud.router.config import RouterConfig
 from specedge.cloud.router.server import EmbeddedRouter
 from specedge.common.draft_tree import DraftTree
@@ -19,7 +20,7 @@ from specedge.common.params import SamplingParams
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
 from specedge.edge.resume import ResumableSession
-from specedge.edge.transport import RemoteVerifier
+from specedge.edge.transport import ChannelConfig, RemoteVerifier
 from specedge.protos import router_pb2 as rpb
 
 DOCUMENT = [(7 * i) % (V - 2) + 2 for i in range(64)]  # 4 blocks of 16 tokens
@@ -166,3 +167,40 @@ def test_a_client_that_goes_away_mid_session_frees_the_verifier_behind_the_route
         client.channel.close()  # the client vanishes without closing its session
         assert a.used_blocks() == 0
         wait_for(lambda: router.call(lambda: router.fleet.members[a.target].relayed) == 0, "the relay to end")
+
+
+def test_a_verifier_that_trusts_the_router_counts_limits_by_the_clients_the_router_authenticated(tmp_path):
+    """Relayed sessions all come from the router's address: without the identity it passes on they would
+    share one quota, and with a client_id they would each choose their own."""
+    (tmp_path / "verifier").write_text("router r-t0k\n")
+    (tmp_path / "router").write_text("alice a-t0k\nbob b-t0k\n")
+    with tiny_verifier(max_sessions_per_client=2, auth_tokens=str(tmp_path / "verifier"),
+                       trusted_relays="token:router") as v, \
+            router_for(v, auth_tokens=str(tmp_path / "router"), verifier_auth_token="r-t0k") as router:
+        alice = RemoteVerifier(router.target, ChannelConfig(auth_token="a-t0k"))
+        held = [alice.open(PROMPT, GREEDY, client_id=f"made-up-{i}") for i in range(2)]
+        for h in held:
+            h.step(DraftTree.empty())
+        with pytest.raises(grpc.RpcError) as err:
+            alice.open(PROMPT, GREEDY, client_id="made-up-2").step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "'token:alice' already has 2 open sessions" in err.value.details()
+        bob = RemoteVerifier(router.target, ChannelConfig(auth_token="b-t0k")).open(PROMPT, GREEDY)
+        bob.step(DraftTree.empty())
+        for h in held + [bob]:
+            h.close()
+        assert v.used_blocks() == 0
+
+
+def test_a_client_cannot_claim_an_identity_where_it_is_not_a_trusted_relay(tmp_path):
+    (tmp_path / "tokens").write_text("mallory m-t0k\nrouter r-t0k\n")
+    with tiny_verifier(max_sessions_per_client=1, auth_tokens=str(tmp_path / "tokens"),
+                       trusted_relays="token:router") as v:
+        held = RemoteVerifier(v.target, ChannelConfig(auth_token="m-t0k")).open(PROMPT, GREEDY)
+        held.step(DraftTree.empty())
+        with pytest.raises(grpc.RpcError) as err:
+            open_raw(v, opening(), metadata=(("authorization", "Bearer m-t0k"), (CLIENT_IDENTITY, "token:victim")))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "'token:mallory' already has 1 open sessions" in err.value.details()
+        held.close()
+        assert v.used_blocks() == 0

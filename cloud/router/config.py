@@ -24,5 +24,7 @@ class RouterConfig:
     health_timeout_s: float = _setting(1.0, "a health check unanswered this long takes the verifier out")
     lease_s: float = _setting(3.0, "registered verifiers leave unless they renew within this")
     auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` from clients")
+    auth_tokens: str | None = _setting(None, "file of `NAME TOKEN` lines: each client's own bearer token; verifiers "
+                                       "that trust this router (--trusted-relays) count limits by NAME")
     verifier_auth_token: str | None = _setting(None, "bearer token to present to verifiers")
     metrics_port: int | None = _setting(None, "serve Prometheus metrics over HTTP here")

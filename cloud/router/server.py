@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from specedge.cloud.auth import BearerAuth
+from specedge.cloud.auth import BearerAuth, accepted_tokens
+from specedge.cloud.identity import Identities, read_token_file
 from specedge.cloud.router.config import RouterConfig
 from specedge.cloud.router.fleet import Fleet
 from specedge.cloud.router.metrics import RouterMetrics
@@ -40,9 +41,10 @@ async def start_router(config: RouterConfig) -> RunningRouter:
     metadata = (("authorization", f"Bearer {config.verifier_auth_token}"),) if config.verifier_auth_token else ()
     fleet = Fleet(config, metadata)
     metrics = RouterMetrics()
-    service = RouterService(fleet, metrics)
-    interceptors = [BearerAuth(config.auth_token, ("/specedge.v1.Verifier/", "/specedge.v1.Router/"))] \
-        if config.auth_token else []
+    identities = Identities(read_token_file(config.auth_tokens) if config.auth_tokens else {})
+    service = RouterService(fleet, metrics, identities)
+    tokens = accepted_tokens(config.auth_token, identities.tokens)
+    interceptors = [BearerAuth(tokens, ("/specedge.v1.Verifier/", "/specedge.v1.Router/"))] if tokens else []
     server = grpc.aio.server(interceptors=interceptors, options=[
         ("grpc.max_receive_message_length", 16 << 20), ("grpc.so_reuseport", 0)])
     unary, stream, both = (grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler,

@@ -16,6 +16,7 @@ import logging
 
 import grpc
 
+from specedge.cloud.identity import CLIENT_IDENTITY, Identities
 from specedge.cloud.router.fleet import Fleet, Member
 from specedge.cloud.router.metrics import RouterMetrics
 from specedge.cloud.router.placement import NoVerifier, place
@@ -30,8 +31,13 @@ MAX_PLACEMENTS = 3  # verifiers tried for one session before the client is told 
 
 
 class RouterService:
-    def __init__(self, fleet: Fleet, metrics: RouterMetrics) -> None:
+    def __init__(self, fleet: Fleet, metrics: RouterMetrics, identities: Identities | None = None) -> None:
         self.fleet, self.metrics = fleet, metrics
+        self.identities = identities or Identities()
+
+    def _upstream_metadata(self, context) -> tuple:
+        """The router's own credentials, and the client's identity for verifiers that trust the router."""
+        return self.fleet.metadata + ((CLIENT_IDENTITY, self.identities.of(context)),)
 
     # ---- the Verifier service, relayed -------------------------------------------------------------
 
@@ -61,7 +67,8 @@ class RouterService:
         if opening is None or opening.WhichOneof("kind") != "open":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message of a session must be `open`")
         prompt = list(opening.open.prompt_ids)
-        session = lambda m: m.channel.stream_stream(VERIFIER_METHOD + "Session")(metadata=self.fleet.metadata)  # noqa: E731
+        metadata = self._upstream_metadata(context)
+        session = lambda m: m.channel.stream_stream(VERIFIER_METHOD + "Session")(metadata=metadata)  # noqa: E731
         call, member, reply = await self._open(context, prompt, session, first)
         pump = asyncio.create_task(_pump(requests, call))
         try:
@@ -75,9 +82,10 @@ class RouterService:
         request = _parse(pb.GenerateRequest, raw)
         if request is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable GenerateRequest")
+        metadata = self._upstream_metadata(context)
         call, member, reply = await self._open(
             context, list(request.prompt_ids),
-            lambda m: m.channel.unary_stream(VERIFIER_METHOD + "Generate")(raw, metadata=self.fleet.metadata))
+            lambda m: m.channel.unary_stream(VERIFIER_METHOD + "Generate")(raw, metadata=metadata))
         async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
             async for piece in replies:
                 yield piece
