@@ -29,6 +29,8 @@ def read_token_file(path: str | Path) -> dict[str, str]:
         if len(parts) != 2:
             raise ValueError(f"{path}:{number}: expected `NAME TOKEN`, got {len(parts)} fields")
         name, token = parts
+        if not (name.isascii() and name.isprintable()):  # it travels in gRPC metadata, relayed by a router
+            raise ValueError(f"{path}:{number}: a NAME must be printable ASCII")
         if token in tokens:
             raise ValueError(f"{path}:{number}: this token is already {tokens[token]!r}'s")
         tokens[token] = name
