@@ -9,6 +9,7 @@ import sys
 
 from specedge.cli.edge_flags import add_edge_flags, edge_client
 from specedge.common.params import SamplingParams
+from specedge.edge.text_stream import tokens_of
 
 
 def add_parser(commands) -> None:
@@ -34,7 +35,10 @@ def add_parser(commands) -> None:
                      help="stop when the output contains TEXT (repeatable); the text is cut before it")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, num_tokens, "
-                     "rounds, mean_accepted, tokens_per_s, wall_s")
+                     "generated_tokens, rounds, mean_accepted, tokens_per_s, wall_s. With --stop, text ends before "
+                     "the stop string and token_ids/num_tokens are the tokens whose text lies wholly within it; "
+                     "generated_tokens counts all the verifier produced (what tokens_per_s counts). Like "
+                     "transformers' decode, text ends in U+FFFD when --max-new-tokens cuts a character short")
     gen.set_defaults(run=run)
 
 
@@ -67,8 +71,10 @@ def run(args: argparse.Namespace) -> int:
             embedded.stop()
     stats = result.stats
     if args.json:
+        ids = tokens_of(client.tokenizer, result.token_ids, result.text) if stats.stopped_by == "stop" \
+            else result.token_ids
         print(json.dumps({
-            "text": result.text, "token_ids": result.token_ids, "num_tokens": stats.num_tokens,
+            "text": result.text, "token_ids": ids, "num_tokens": len(ids), "generated_tokens": stats.num_tokens,
             "rounds": stats.rounds, "mean_accepted": round(stats.mean_accepted, 4),
             "tokens_per_s": round(stats.tokens_per_s, 3), "wall_s": round(stats.wall_s, 4),
         }))

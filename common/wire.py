@@ -91,9 +91,10 @@ def client_label(client_id: str) -> str | None:
 
 
 def shown(text: str, limit: int = 64) -> str:
-    """A string a client sent, as an error message or a log line may quote it: cut to `limit` characters
-    (a long one would fill the log, or overflow gRPC's limit on the status message's metadata)."""
-    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
+    """A string a client sent, as an error message or a log line may quote it: its repr cut to `limit`
+    characters (a long one would fill the log, or overflow gRPC's limit on the status message's metadata)."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= limit + 2 else f"{quoted[:limit]}... ({len(text)} characters)"
 
 
 def prompt_from_pb(ids, vocab_size: int, max_tokens: int) -> list[int]:

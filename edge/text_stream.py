@@ -21,6 +21,15 @@ def cut_at_stops(text: str, stops: Sequence[str]) -> str:
     return text[: min(cuts)] if cuts else text
 
 
+def tokens_of(tokenizer, token_ids: Sequence[int], text: str) -> list[int]:
+    """The longest start of `token_ids` whose decoded text lies within `text` (an output's text cut before a
+    stop string: the tokens of the stop string, and one that straddles its start, are left out)."""
+    n = len(token_ids)
+    while n and not text.startswith(tokenizer.decode(token_ids[:n])):
+        n -= 1
+    return list(token_ids[:n])
+
+
 class TextStream:
     def __init__(self, tokenizer, stops: Sequence[str] = ()) -> None:
         self.tokenizer = tokenizer

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from specedge.cli import build_parser, main
+from specedge.cloud.model_registry import resolve_model_dir
 
 
 def specedge(*args: str) -> subprocess.CompletedProcess:
@@ -78,7 +80,8 @@ def test_generate_json_gives_transformers_greedy_output(real_model):
     result = specedge("generate", prompt, "--max-new-tokens", "12", "--json")
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert set(out) == {"text", "token_ids", "num_tokens", "rounds", "mean_accepted", "tokens_per_s", "wall_s"}
+    assert set(out) == {"text", "token_ids", "num_tokens", "generated_tokens", "rounds", "mean_accepted",
+                        "tokens_per_s", "wall_s"}
     hf, tokenizer = real_model("smollm2-135m")
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.inference_mode():
@@ -86,7 +89,7 @@ def test_generate_json_gives_transformers_greedy_output(real_model):
     want = want[0, ids.shape[1] :].tolist()
     assert out["token_ids"] == want
     assert out["text"] == tokenizer.decode(want, skip_special_tokens=True)
-    assert out["num_tokens"] == len(want) == out["rounds"]  # plain decoding: one token per pass
+    assert out["num_tokens"] == out["generated_tokens"] == len(want) == out["rounds"]  # plain decoding: one a pass
     assert out["mean_accepted"] == pytest.approx(1.0)
     assert out["tokens_per_s"] > 0 and out["wall_s"] > 0
 
@@ -98,8 +101,11 @@ def test_generate_stops_at_a_stop_string_and_cuts_the_text_before_it(capsys):
     assert " 6" in full["text"], full["text"]  # the premise: the model keeps counting
     cut = json.loads(run_in_process(capsys, *args, "--stop", " 6")[1])
     assert cut["text"] == full["text"].split(" 6")[0]
-    assert cut["num_tokens"] < full["num_tokens"]
+    assert cut["num_tokens"] < cut["generated_tokens"] < full["num_tokens"]  # the stop's tokens were generated
     assert cut["token_ids"] == full["token_ids"][: cut["num_tokens"]]
+    assert cut["num_tokens"] == len(cut["token_ids"])
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir("smollm2-135m"))
+    assert tokenizer.decode(cut["token_ids"], skip_special_tokens=True) == cut["text"]  # they agree
 
 
 @pytest.mark.real_model

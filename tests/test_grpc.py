@@ -36,8 +36,8 @@ GREEDY = SamplingParams(max_new_tokens=24)
 def tiny_verifier(**config) -> EmbeddedVerifier:
     hf = tiny_llama(vocab_size=V)
     hf.generation_config.eos_token_id = None  # run to max_new_tokens: longer sessions to test
-    return EmbeddedVerifier(ServerConfig(model="tiny", port=0, kv_pool_mb=config.pop("kv_pool_mb", 8),
-                                         max_tree_tokens=32, max_new_tokens=256, gather_ms=1.0, **config), (hf, None))
+    settings = dict(model="tiny", port=0, kv_pool_mb=8, max_tree_tokens=32, max_new_tokens=256, gather_ms=1.0)
+    return EmbeddedVerifier(ServerConfig(**{**settings, **config}), (hf, None))
 
 
 @pytest.fixture(scope="module")
