@@ -233,6 +233,7 @@ def test_structured_defects_get_their_status_and_harm_no_one(verifier, session_c
 
     with HonestClients(verifier) as honest:
         check()
+    print("fuzz structured:", seen, "honest generations:", honest.runs)
     assert honest.runs >= 2 and not honest.wrong
     assert sum(seen.values()) >= STRUCTURED_EXAMPLES
     assert verifier.used_blocks() == 0
@@ -279,6 +280,7 @@ def test_mutated_traffic_on_the_wire_never_crashes_the_verifier(verifier, sessio
             t.join()
     assert not bad, bad[:3]
     codes = sum(counts, Counter())
+    print("fuzz mutated:", dict(codes), "honest generations:", honest.runs)
     assert sum(codes.values()) == MUTATED_STREAMS // MUTATING_THREADS * MUTATING_THREADS
     assert codes["INVALID_ARGUMENT"] > MUTATED_STREAMS // 10, codes  # the mutations did reach the validators
     assert honest.runs >= 2 and not honest.wrong

@@ -415,6 +415,21 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs):
         assert len(generate(mutual.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
 
 
+def test_under_mutual_tls_the_limits_count_the_certificate_holder(certs):
+    with tiny_verifier(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"),
+                       tls_client_ca=str(certs / "ca.pem"), max_sessions_per_client=1) as s:
+        mutual = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem"), tls_cert=str(certs / "client.pem"),
+                                                        tls_key=str(certs / "client.key")))
+        held = mutual.open(PROMPT, GREEDY, client_id="one")
+        held.step(DraftTree.empty())
+        with pytest.raises(grpc.RpcError) as err:
+            mutual.open(PROMPT, GREEDY, client_id="another").step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "'cert:client' already has 1 open sessions" in err.value.details()
+        held.close()
+        assert s.used_blocks() == 0
+
+
 # ---- operations ---------------------------------------------------------------------------------------
 
 
