@@ -83,6 +83,9 @@ class RemoteVerifier:
         self.channel.close()
 
 
+REQUEST_POLL_S = 1.0  # how soon the sending thread of a call that ended without close notices it
+
+
 class RemoteSession:
     """A Session stream; implements the VerifierSession interface. The prefill goes with the first draft."""
 
@@ -111,11 +114,25 @@ class RemoteSession:
             self._requests.put(pb.SessionRequest(open=pb.OpenSession(
                 client_id=self.client_id, prompt_ids=self.prompt_ids, params=wire.params_to_pb(self.params),
                 tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree), hints_top_k=self.hints_top_k)))
-            self._responses = self.verifier._session(iter(self._requests.get, None),
+            self._responses = self.verifier._session(self._outgoing(),
                                                      metadata=self.verifier.config.metadata(),
                                                      timeout=self.verifier.config.rpc_timeout_s)
         else:
             self._requests.put(pb.SessionRequest(draft=wire.tree_to_pb(tree, root_length)))
+
+    def _outgoing(self):
+        """The requests, for gRPC's sending thread: until close, or until the call has ended some other way
+        (a broken stream, a closed channel), so that the thread does not wait on the queue for ever."""
+        while True:
+            try:
+                request = self._requests.get(timeout=REQUEST_POLL_S)
+            except queue.Empty:
+                if self._responses is not None and self._responses.done():
+                    return
+                continue
+            if request is None:
+                return
+            yield request
 
     def receive(self) -> StepResult:
         """The verdict on the oldest tree sent and not yet answered."""

@@ -93,8 +93,11 @@ class NetworkProxy:
                       asyncio.create_task(self._carry(up_reader, client_writer, budget))]
         try:
             done, pending = await asyncio.wait(directions, return_when=asyncio.FIRST_EXCEPTION)
-            if any(not t.cancelled() and isinstance(t.exception(), _Reset) for t in done):
-                self.resets += 1
+            failures = [t.exception() for t in done if not t.cancelled() and t.exception() is not None]
+            # A direction that failed (a reset drawn here, or one from either end) breaks the connection both
+            # ways: carrying on with the other would leave its end waiting on a peer that is gone.
+            if failures:
+                self.resets += any(isinstance(e, _Reset) for e in failures)
                 for t in pending:
                     t.cancel()
                 _reset(client_writer)

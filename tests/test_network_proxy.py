@@ -142,3 +142,32 @@ def test_conditions_parse_from_a_flag_value():
         delay_ms=20, jitter_ms=5, bandwidth_mbps=50, seed=3)
     with pytest.raises(ValueError, match="bad network condition"):
         parse_conditions("latency=20")
+
+
+def test_an_end_that_resets_its_connection_resets_the_other_end_too():
+    """An upstream that goes away with a TCP RST (a killed router) must not leave the client's side open:
+    the client would wait on it for ever (found by the chaos test)."""
+    import socket
+    import struct
+    import threading
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+
+    def accept_then_reset() -> None:
+        conn, _ = upstream.accept()
+        conn.recv(16)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # RST
+
+    threading.Thread(target=accept_then_reset, daemon=True).start()
+    with EmbeddedProxy(f"127.0.0.1:{upstream.getsockname()[1]}", NetworkConditions()) as proxy:
+        host, port = proxy.target.rsplit(":", 1)
+        client = socket.create_connection((host, int(port)), timeout=5)
+        client.sendall(b"hello")
+        try:
+            ended = client.recv(16) == b""  # times out (socket.timeout) if the proxy kept this side open
+        except ConnectionResetError:
+            ended = True
+        assert ended
+        client.close()
+    upstream.close()
