@@ -86,22 +86,22 @@ def test_64_clients_on_a_pool_too_small_for_them_all_get_their_solo_outputs():
         threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
         for t in threads:
             t.start()
-        peak_used, rss_warm, objects_warm = 0, None, None
+        peak_used, rss_warm, blocks_warm = 0, None, None
         while any(t.is_alive() for t in threads):
             peak_used = max(peak_used, pool.stats().used)
             if rss_warm is None and all(latencies):  # every client has its threads' and channels' memory
                 gc.collect()
-                rss_warm, objects_warm = rss_mb(), sys.getallocatedblocks()
+                rss_warm, blocks_warm = rss_mb(), sys.getallocatedblocks()
             time.sleep(0.05)
         gc.collect()
         rss_growth = rss_mb() - (rss_warm or rss_mb())
-        object_growth = sys.getallocatedblocks() - (objects_warm or sys.getallocatedblocks())
+        block_growth = sys.getallocatedblocks() - (blocks_warm or sys.getallocatedblocks())
         all_latencies = [x for per_client in latencies for x in per_client]
         report = {"clients": CLIENTS, "seconds": SOAK_S, "sessions": len(all_latencies), "failed": len(errors),
                   "wrong_outputs": len(wrong), "kv_blocks": pool.num_blocks, "kv_peak_used": peak_used,
                   "p50_s": round(percentile(all_latencies, 0.5), 3), "p99_s": round(percentile(all_latencies, 0.99), 3),
                   "rss_growth_after_first_sessions_mb": round(rss_growth, 1),
-                  "python_blocks_growth_after_first_sessions": object_growth}
+                  "python_blocks_growth_after_first_sessions": block_growth}
         print("soak:", json.dumps(report))
         if os.environ.get("SOAK_REPORT"):
             with open(os.environ["SOAK_REPORT"], "w") as f:
@@ -110,7 +110,7 @@ def test_64_clients_on_a_pool_too_small_for_them_all_get_their_solo_outputs():
         assert not wrong, wrong[:5]
         assert all(latencies), "every client finished sessions"
         assert peak_used <= pool.num_blocks and pool.peak_used <= pool.num_blocks
-        assert object_growth < BLOCK_GROWTH, report
+        assert block_growth < BLOCK_GROWTH, report
         deadline = time.monotonic() + 10  # gRPC's sending threads notice their call's end within a second
         while threading.active_count() > threads_before and time.monotonic() < deadline:
             time.sleep(0.1)
