@@ -8,6 +8,7 @@ import json
 import sys
 
 from specedge.cli.edge_flags import add_edge_flags, edge_client
+from specedge.cli.prefill_progress import PrefillProgress
 from specedge.common.params import SamplingParams
 from specedge.edge.text_stream import tokens_of
 
@@ -51,13 +52,17 @@ def run(args: argparse.Namespace) -> int:
         SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                        max_new_tokens=args.max_new_tokens, stop=tuple(args.stop))  # reject bad values early
         client, embedded = edge_client(args, engine_thread=False)
+        prefill = PrefillProgress()
 
         def work():
             return client.generate(args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                    top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=tuple(args.stop),
-                                   chat=args.chat)
+                                   chat=args.chat, on_prefill=prefill)
 
-        result = embedded.run_engine_while(work) if embedded is not None else work()
+        try:
+            result = embedded.run_engine_while(work) if embedded is not None else work()
+        finally:
+            prefill.done()
     except (ValueError, FileNotFoundError) as e:
         raise fail(str(e).replace("drafter ", "--drafter ", 1))
     except Exception as e:

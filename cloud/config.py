@@ -22,7 +22,7 @@ class ServerConfig:
     port: int = _setting(50051, "gRPC port (0 = any free port)")
     kv_pool_mb: int = _setting(256, "KV cache budget in MiB, allocated at start")
     max_batch_tokens: int = _setting(2048, "tokens per engine step across sessions; drafts are trimmed to stay "
-                                     "within it")
+                                     "within it, and a longer prompt is prefilled in chunks over several steps")
     max_prompt_tokens: int = _setting(8192, "longest prompt accepted")
     max_tree_tokens: int = _setting(128, "largest draft tree accepted per round (clients read it at connect)")
     max_new_tokens: int = _setting(4096, "most tokens one session may generate")

@@ -67,40 +67,56 @@ class Engine:
     def release(self, seq: Sequence) -> None:
         self.pool.close(seq.seq_id)
 
-    def step(self, work: list[tuple[Sequence, DraftTree]]) -> list[Verdict]:
-        """One forward pass over every sequence's uncomputed tokens plus its draft tree; commit verdicts."""
+    def step(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]] = ()
+             ) -> list[Verdict]:
+        """One forward pass over every sequence's uncomputed tokens plus its draft tree, and over the next
+        `n` prompt tokens of each (sequence, n) in `chunks` (a long prefill split across steps: no verdict,
+        at least its last prompt token left for the step that verifies its tree); commit verdicts."""
         verdicts = []
-        for (seq, tree), logits in zip(work, self.forward(work)):
+        for (seq, tree), logits in zip(work, self.forward(work, chunks)):
             verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids))
             if seq.hints_top_k:
                 verdict.hints = top_k_hints(logits, seq.hints_top_k, seq.params.temperature)
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
+        for seq, n in chunks:
+            seq.num_cached += n
+            self.pool.commit(seq.seq_id, seq.token_ids[: seq.num_cached])
         return verdicts
 
-    def forward(self, work: list[tuple[Sequence, DraftTree]]) -> list[torch.Tensor]:
-        """Logits [1 + len(tree), V] per sequence: at the tree root (last committed token) and each node.
+    def forward(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]] = ()
+                ) -> list[torch.Tensor]:
+        """Logits [1 + len(tree), V] per sequence of `work`: at the tree root (last committed token) and each
+        node; `chunks` compute KV only.
 
         Every sequence must be committed (see `commit`) before its next forward.
         """
-        if not work:
+        for seq, n in chunks:
+            if not 0 < n < len(seq.token_ids) - seq.num_cached:
+                raise ValueError(f"a prefill chunk of {n} tokens must leave the last of the "
+                                 f"{len(seq.token_ids) - seq.num_cached} uncomputed ones for the verdict")
+        if not work and not chunks:
             return []
-        for seq, tree in work:
-            self.pool.reserve(seq.seq_id, len(seq.token_ids) + len(tree))
-        batch, logits_rows = self._build_batch(work)
+        items = [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work]
+        items += [(seq, DraftTree.empty(), n) for seq, n in chunks]
+        for seq, tree, chain in items:
+            self.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
+        batch, logits_rows = self._build_batch(items, logits_for=len(work))
         logits = self.runner.forward(batch, self.pool, logits_rows)
-        return list(logits.split([len(tree) + 1 for _, tree in work]))
+        return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
 
-    def _build_batch(self, work: list[tuple[Sequence, DraftTree]]) -> tuple[StepBatch, torch.Tensor]:
+    def _build_batch(self, items: list[tuple[Sequence, DraftTree, int]], logits_for: int
+                     ) -> tuple[StepBatch, torch.Tensor]:
+        """The pass over `chain` uncomputed tokens and the tree of each (sequence, tree, chain); logits rows
+        for the first `logits_for` items (the root, at the chain's last token, and each tree node)."""
         ids, positions, new_slots, seqs, logits_rows = [], [], [], [], []
         start = 0
-        for seq, tree in work:
+        for i, (seq, tree, chain) in enumerate(items):
             cached = seq.num_cached
-            chain = len(seq.token_ids) - cached  # uncomputed committed tokens; the last one is the tree root
             n = chain + len(tree)
             tree_pos = cached + chain - 1 + torch.tensor(tree.depths(), dtype=torch.long)
             pos = torch.cat([torch.arange(cached, cached + chain), tree_pos])
-            ids.append(torch.tensor(seq.token_ids[cached:] + list(tree.tokens), dtype=torch.long))
+            ids.append(torch.tensor(seq.token_ids[cached : cached + chain] + list(tree.tokens), dtype=torch.long))
             positions.append(pos)
             new_slots.append(self.pool.slots(seq.seq_id, cached, cached + n))
             seqs.append(
@@ -114,10 +130,12 @@ class Engine:
                     causal_rows=chain if cached == 0 else 0,
                 )
             )
-            logits_rows.append(torch.arange(start + chain - 1, start + n))
+            if i < logits_for:
+                logits_rows.append(torch.arange(start + chain - 1, start + n))
             start += n
         batch = StepBatch(torch.cat(ids), torch.cat(positions), torch.cat(new_slots), seqs)
-        return batch, torch.cat(logits_rows)
+        rows = torch.cat(logits_rows) if logits_rows else torch.empty(0, dtype=torch.long)
+        return batch, rows
 
     def commit(self, seq: Sequence, tree: DraftTree, verdict: Verdict) -> None:
         """Append the verdict's tokens; keep the KV of the root and accepted path in order, free the rest."""

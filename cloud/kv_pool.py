@@ -108,6 +108,10 @@ class KVBlockPool:
             table.last_hash = h
         return len(table.blocks) * self.block_size
 
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """How many of `token_ids` `open` would find with KV now (the last token never)."""
+        return len(self._cached_prefix(token_ids)) * self.block_size
+
     def _cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
         """(block id, hash) of the cached blocks that hold the longest prefix of `token_ids`, the last
         token excluded."""

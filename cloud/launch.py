@@ -30,6 +30,8 @@ from specedge.common.tokenizer_bundle import TokenizerBundle, tokenizer_fingerpr
 
 T = TypeVar("T")
 
+FAILED_GRACE_S = 2.0  # a verifier whose scheduler failed: time for its sessions' errors to reach them
+
 
 def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedModel:
     """The model of `config` (or the given transformers model and tokenizer) ready to serve. A tokenizer of
@@ -45,7 +47,8 @@ def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedMode
 
 
 def serve_forever(config: ServerConfig) -> None:
-    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `config.grace_s` and stop. Engine
+    """Serve until SIGINT or SIGTERM, then drain open sessions for up to `config.grace_s` and stop; exit
+    with an error if the verify scheduler fails (cloud/scheduler.py). Engine
     steps run on this thread, which loaded the model (see VerifyScheduler); gRPC runs on an event loop thread."""
     model = load_served_model(config)
     grace_s = config.grace_s
@@ -78,11 +81,16 @@ def serve_forever(config: ServerConfig) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    running.service.scheduler.run()
+    scheduler = running.service.scheduler
+    scheduler.run()
+    if scheduler.failure is not None and not stopping:  # its clients were told; let them hear it, then exit
+        stopping.append(asyncio.run_coroutine_threadsafe(running.stop(FAILED_GRACE_S), loop))
     if stopping:
         stopping[0].result(timeout=grace_s + 30)
     loop.call_soon_threadsafe(loop.stop)
     grpc_thread.join(timeout=10)
+    if scheduler.failure is not None:  # a supervisor (compose's restart policy, Ray) starts a fresh one
+        raise SystemExit(f"specedge serve: the verify scheduler failed: {scheduler.failure!r}"[:300])
 
 
 class EmbeddedVerifier:

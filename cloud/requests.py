@@ -4,6 +4,7 @@ gRPC handler, on any thread) awaits, and the time it was asked, from which its q
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -39,6 +40,9 @@ class OpenRequest:
     future: Future[tuple[Sequence, StepOutcome]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.perf_counter)
     hints_top_k: int = 0  # the session's verdicts carry hints (common/hints.py)
+    on_progress: Callable[[int, int], None] | None = None  # (prompt tokens with KV, prompt length) per chunk
+    seq: Sequence | None = None  # once a prefill in chunks has started (the scheduler's to set)
+    cached_prompt_tokens: int = 0  # found in the prefix cache when it started
 
 
 @dataclass(eq=False)

@@ -8,10 +8,15 @@ Before a step, the scheduler waits for the sessions of the last step to send the
 clients draft between verdict and next tree) for up to DUE_WAIT_FRACTION of a step: a session that
 misses a step waits a whole one, so a short wait for it pays whenever it comes. With none due, it
 gathers for `gather_ms` so that concurrent newcomers share a step.
+
+An error escaping a step ends the scheduler, since the engine's state is unknown after it: every request,
+waiting or yet to come, fails with SchedulerFailed (the server answers UNAVAILABLE and reports NOT_SERVING,
+so clients resume elsewhere) rather than waiting for a thread that is gone.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
@@ -28,7 +33,13 @@ from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 
+log = logging.getLogger("specedge.server")
+
 DUE_WAIT_FRACTION = 0.1  # of the last step's time: the longest wait for last step's sessions to come back
+
+
+class SchedulerFailed(RuntimeError):
+    """The scheduler stopped on an error of its own: no request will be served here any more."""
 
 
 @dataclass
@@ -52,34 +63,43 @@ class StepStats:
 
 class VerifyScheduler:
     def __init__(self, engine: Engine, limits: StepLimits = StepLimits(), gather_ms: float = 2.0,
-                 on_step: Callable[[StepStats], None] | None = None, own_thread: bool = True) -> None:
+                 on_step: Callable[[StepStats], None] | None = None, own_thread: bool = True,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
         """Engine steps run on a thread of the scheduler's own, or (`own_thread=False`) on the thread that
         calls `run()`: best the one that loaded the model. Torch's OpenMP pool belongs to the first
         thread that used it; a second thread running parallel kernels makes libgomp stop spinning and
-        every kernel waits for its workers to wake (measured: 55 -> 100 ms per SmolLM2 decode step)."""
+        every kernel waits for its workers to wake (measured: 55 -> 100 ms per SmolLM2 decode step).
+        `on_failure` is called, on the scheduler's thread, with the error that ended it."""
         self.engine = engine
         self.limits = limits
         self.gather_s = gather_ms / 1e3
         self.costs = CostTracker()
         self.on_step = on_step
+        self.on_failure = on_failure
+        self.failure: BaseException | None = None  # what ended the scheduler, if an error did
         self.active_sessions = 0  # open sequences
         self._progress = PoolProgress()
         self._inbox: queue.Queue[Request | None] = queue.Queue()
         self._waiting: list[StepRequest] = []
         self._closing: list[CloseRequest] = []
         self._due: set[int] = set()  # sequences served by the last step whose next work has not arrived
+        self._stepping: list[_Scheduled] = []  # the batch of the step under way
         self._last_step_s = 0.0
         self._stopped = False
+        self._refusal: RuntimeError | None = None  # once set, every request fails with it at once
+        self._submit_lock = threading.Lock()  # no request slips into the inbox after its last drain
         self._thread = threading.Thread(target=self.run, name="verify-scheduler", daemon=True) if own_thread else None
         if self._thread is not None:
             self._thread.start()
 
     # ---- any thread --------------------------------------------------------------------------------
 
-    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree, hints_top_k: int = 0
-             ) -> Future[tuple[Sequence, StepOutcome]]:
-        """The prompt prefilled and `tree` verified with it; `hints_top_k` > 0: every verdict has hints."""
-        return self._submit(OpenRequest(prompt_ids, params, tree, hints_top_k=hints_top_k))
+    def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree, hints_top_k: int = 0,
+             on_progress: Callable[[int, int], None] | None = None) -> Future[tuple[Sequence, StepOutcome]]:
+        """The prompt prefilled and `tree` verified with it; `hints_top_k` > 0: every verdict has hints.
+        `on_progress(prompt tokens with KV, prompt length)` is called, on the scheduler's thread, after each
+        chunk of a prefill too long for one step."""
+        return self._submit(OpenRequest(prompt_ids, params, tree, hints_top_k=hints_top_k, on_progress=on_progress))
 
     def verify(self, seq: Sequence, tree: DraftTree) -> Future[StepOutcome]:
         return self._submit(VerifyRequest(seq, tree))
@@ -97,36 +117,68 @@ class VerifyScheduler:
         return self.costs.model()
 
     def stop(self) -> None:
+        self._refuse(RuntimeError("the verifier is shutting down"))
         self._stopped = True
         self._inbox.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 
     def _submit(self, request: Request) -> Future:
-        if self._stopped:
-            _fail(request.future, RuntimeError("the verifier is shutting down"))
-        else:
-            self._inbox.put(request)
+        with self._submit_lock:
+            if self._refusal is None:
+                self._inbox.put(request)
+                return request.future
+        _fail(request.future, self._refusal)
         return request.future
+
+    def _refuse(self, error: RuntimeError) -> None:
+        with self._submit_lock:
+            self._refusal = self._refusal or error
 
     # ---- the scheduler thread ----------------------------------------------------------------------
 
     def run(self) -> None:
-        """Run engine steps until `stop()` (on the calling thread, for `own_thread=False`)."""
-        while not self._stopped:
-            if not self._waiting and not self._closing:
-                first = self._inbox.get()
-                if first is None:
-                    break
-                self._accept(first)
-            if self._due:
-                wait = max(self.gather_s, DUE_WAIT_FRACTION * self._last_step_s)
-                self._drain_inbox(until=time.perf_counter() + wait, until_none_due=True)
+        """Run engine steps until `stop()` or an error (on the calling thread, for `own_thread=False`)."""
+        try:
+            while not self._stopped:
+                if not self._waiting and not self._closing:
+                    first = self._inbox.get()
+                    if first is None:
+                        break
+                    self._accept(first)
+                if self._due:
+                    wait = max(self.gather_s, DUE_WAIT_FRACTION * self._last_step_s)
+                    self._drain_inbox(until=time.perf_counter() + wait, until_none_due=True)
+                else:
+                    self._drain_inbox(until=time.perf_counter() + self.gather_s)  # so newcomers share the step
+                self.step()
+        except Exception as e:
+            log.error("the verify scheduler failed", exc_info=e)
+            self.failure = e
+            summary = f"{type(e).__name__}: {e}"[:200]
+            self._refuse(SchedulerFailed(f"the verifier failed ({summary}): reopen the session elsewhere"))
+            if self.on_failure is not None:
+                self.on_failure(e)
+        self._refuse(RuntimeError("the verifier is shutting down"))
+        self._fail_everything_left()
+
+    def _fail_everything_left(self) -> None:
+        """Once no request can enter: fail what waits, what the last step held and what sits in the inbox."""
+        left = [*self._waiting, *(item.request for item in self._stepping), *self._closing]
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                left.append(item)
+        self._waiting, self._stepping, self._closing = [], [], []
+        for request in left:
+            if isinstance(request, CloseRequest):  # nothing to release any more
+                if request.future.set_running_or_notify_cancel():
+                    request.future.set_result(None)
             else:
-                self._drain_inbox(until=time.perf_counter() + self.gather_s)  # so newcomers share the step
-            self.step()
-        for request in self._waiting:  # shutting down
-            _fail(request.future, RuntimeError("the verifier is shutting down"))
+                _fail(request.future, self._refusal)
 
     def step(self) -> None:
         """One engine step: apply the closes that arrived, plan, run the plan's batch, hand out outcomes."""
@@ -138,17 +190,23 @@ class VerifyScheduler:
             _fail(request.future, error)
         if plan.preempted:
             self._progress = replace(self._progress, last_preempt=now)
-        batch = self._start(plan)
-        if batch:
+        batch = self._stepping = self._start(plan)
+        chunks = self._start_chunks(plan)
+        if batch or chunks:
             start = time.perf_counter()
-            verdicts = self.engine.step([(item.seq, item.tree) for item in batch])
-            self._finish(batch, verdicts, start, time.perf_counter())
+            verdicts = self.engine.step([(item.seq, item.tree) for item in batch],
+                                        [(request.seq, n) for request, n in chunks])
+            self._finish(batch, verdicts, chunks, start, time.perf_counter())
         elif self._waiting:
             time.sleep(0.005)  # everything waits for blocks: let closes arrive
             self._drain_inbox()
+        self._stepping = []
 
     def _apply_closes(self) -> None:
-        self._waiting = [r for r in self._waiting if not r.future.cancelled()]  # their clients gave up
+        for gone in [r for r in self._waiting if r.future.cancelled()]:  # their clients gave up
+            self._waiting.remove(gone)
+            if isinstance(gone, OpenRequest) and gone.seq is not None:  # in the middle of a chunked prefill
+                self._release(gone.seq)
         for close in self._closing:
             for orphan in [r for r in self._waiting if isinstance(r, VerifyRequest) and r.seq is close.seq]:
                 self._waiting.remove(orphan)  # its client went away while it waited
@@ -166,23 +224,47 @@ class VerifyScheduler:
             if isinstance(request, VerifyRequest):
                 batch.append(_Scheduled(request, request.seq, tree, tokens=1 + len(tree)))
                 continue
-            try:
-                seq = self.engine.add_sequence(request.prompt_ids, request.params, request.hints_top_k)
-            except ValueError as e:
-                _fail(request.future, e)
+            seq = request.seq or self._open(request)
+            if seq is None:
                 continue
-            self.active_sessions += 1
-            batch.append(_Scheduled(request, seq, tree, len(request.prompt_ids) + len(tree), seq.num_cached))
+            uncomputed = len(seq.token_ids) - seq.num_cached
+            batch.append(_Scheduled(request, seq, tree, uncomputed + len(tree), request.cached_prompt_tokens))
         return batch
 
-    def _finish(self, batch: list[_Scheduled], verdicts: list[Verdict], start: float, end: float) -> None:
-        """Learn the pass's cost and resolve every request with its outcome."""
+    def _start_chunks(self, plan: StepPlan) -> list[tuple[OpenRequest, int]]:
+        """The plan's prefill chunks, their sequences opened at the first with every block they will need
+        (so that no later chunk waits for blocks); they stay waiting for their next chunk."""
+        chunks = []
+        for request, n in plan.chunks:
+            if request.seq is None:
+                if self._open(request) is None:
+                    self._waiting.remove(request)
+                    continue
+                self.engine.pool.reserve(request.seq.seq_id, len(request.prompt_ids) + len(request.tree))
+            chunks.append((request, n))
+        return chunks
+
+    def _open(self, request: OpenRequest) -> Sequence | None:
+        try:
+            seq = self.engine.add_sequence(request.prompt_ids, request.params, request.hints_top_k)
+        except ValueError as e:
+            _fail(request.future, e)
+            return None
+        self.active_sessions += 1
+        request.seq, request.cached_prompt_tokens = seq, seq.num_cached
+        return seq
+
+    def _finish(self, batch: list[_Scheduled], verdicts: list[Verdict], chunks: list[tuple[OpenRequest, int]],
+                start: float, end: float) -> None:
+        """Learn the pass's cost, resolve every request with its outcome, tell chunked prefills' progress."""
         ms = (end - start) * 1e3
         self._last_step_s = ms / 1e3
-        step_tokens = sum(item.tokens for item in batch)
-        prefills = sum(isinstance(item.request, OpenRequest) for item in batch)
+        step_tokens = sum(item.tokens for item in batch) + sum(n for _, n in chunks)
+        prefills = sum(isinstance(item.request, OpenRequest) for item in batch) + len(chunks)
         if not prefills:  # pass time by tokens beyond the first, at any load
             self.costs.observe(step_tokens - 1, ms)
+        for request, _ in chunks:
+            _tell_progress(request)
         cost = self.costs.model()
         next_max = max(0, self.limits.max_batch_tokens // max(1, self.active_sessions) - 1)
         self._due.clear()
@@ -226,6 +308,14 @@ class VerifyScheduler:
             self._waiting.append(request)
         if not isinstance(request, OpenRequest):
             self._due.discard(request.seq.seq_id)
+
+
+def _tell_progress(request: OpenRequest) -> None:
+    if request.on_progress is not None:
+        try:
+            request.on_progress(request.seq.num_cached, len(request.prompt_ids))
+        except Exception:  # a listener's trouble is not the scheduler's
+            log.warning("a prefill progress listener failed", exc_info=True)
 
 
 def _fail(future: Future, error: BaseException) -> None:

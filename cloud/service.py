@@ -61,7 +61,7 @@ class VerifierService:
         self.cache_watchers = CacheWatchers(model.engine.pool)  # before the scheduler changes the pool
         limits = StepLimits(config.max_batch_tokens, config.admission_timeout_s)
         self.scheduler = VerifyScheduler(model.engine, limits, config.gather_ms, on_step=self.metrics.on_step,
-                                         own_thread=scheduler_thread)
+                                         own_thread=scheduler_thread, on_failure=self._scheduler_failed)
         tokens = read_token_file(config.auth_tokens) if config.auth_tokens else {}
         relays = frozenset(r.strip() for r in config.trusted_relays.split(",") if r.strip())
         self.identities = Identities(tokens, relays)  # whom the per-client limits count against
@@ -70,6 +70,7 @@ class VerifierService:
         self.draining = False  # no new sessions
         self.migrating = asyncio.Event()  # live sessions leave now (a round in flight is dropped)
         self.on_drain: list = []  # called when draining starts (the server reports NOT_SERVING)
+        self._loop = asyncio.get_running_loop()  # the server's: state above changes only on it
 
     # ---- RPCs -------------------------------------------------------------------------------------
 
@@ -122,7 +123,20 @@ class VerifierService:
             client, claim = self._admit(self.identities.of(context), len(prompt) + params.max_new_tokens)
             identity = client
             hints_top_k = min(max(0, op.hints_top_k), self.config.max_hints_top_k)  # a larger ask gets the cap
-            seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, tree, hints_top_k))
+            progress = asyncio.Queue() if op.report_prefill_progress else None  # (computed, total), then None
+            put = None if progress is None else lambda item: self._loop.call_soon_threadsafe(progress.put_nowait, item)
+            opening = self.scheduler.open(prompt, params, tree, hints_top_k,
+                                          None if put is None else lambda computed, total: put((computed, total)))
+            if progress is not None:
+                opening.add_done_callback(lambda _: put(None))
+                try:
+                    while (report := await progress.get()) is not None and not self.migrating.is_set():
+                        yield pb.SessionResponse(prefill_progress=pb.PrefillProgress(
+                            computed=report[0], total=report[1])).SerializeToString()
+                except BaseException:  # the client went away mid-prefill
+                    self._drop(opening)
+                    raise
+            seq, outcome = await self._unless_moved(opening)
             generated = list(outcome.verdict.tokens)  # committed after the prompt
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
@@ -229,6 +243,18 @@ class VerifierService:
         log_event("drain", sessions=live)
         return live
 
+    def _scheduler_failed(self, error: BaseException) -> None:
+        """On the scheduler's thread as it ends: its requests fail with UNAVAILABLE; take no new sessions."""
+
+        def stop_serving() -> None:
+            log_event("scheduler_failed", error=f"{type(error).__name__}: {error}"[:200])
+            if not self.draining:
+                self.draining = True
+                for hook in self.on_drain:
+                    hook()
+
+        self._loop.call_soon_threadsafe(stop_serving)
+
     # ---- helpers ----------------------------------------------------------------------------------
 
     async def _next(self, requests, context) -> pb.SessionRequest | None:
@@ -329,8 +355,13 @@ class VerifierService:
         finally:  # moved, or the client went away: drop the work
             if not answer.done():
                 answer.cancel()
-                if not future.cancel():  # answered (or being answered) just now
-                    future.add_done_callback(self._close_unseen)
+                self._drop(future)
+
+    def _drop(self, future) -> None:
+        """Nobody will read the scheduler's answer: cancel it, or, answered (or being answered) just now,
+        close the session it opened."""
+        if not future.cancel():
+            future.add_done_callback(self._close_unseen)
 
     def _close_unseen(self, future) -> None:
         """Close the sequence of an open whose answer its handler no longer waits for."""

@@ -6,9 +6,12 @@ model and the clock; the scheduler thread (cloud/scheduler.py) carries the plan 
   tokens are worth the step time they add at this load (common/tree_sizing.py), within the step's token
   budget (speculation must not make a loaded server slower than plain decoding), and shrunk to what the
   pool can hold now.
-- Then prefills, while the budget and the pool allow (always one when nothing else runs). A prefill waits
-  a step when another in the same step starts with the same block of tokens, so that it reuses the
-  first one's cached prefix instead of computing and storing its own.
+- Then prefills, with what is left of the budget; the step's first prefill gets at least a quarter of
+  the budget even when the verifications took it all, so that prompts keep moving under load. A prompt
+  longer than its share is prefilled in chunks over several steps (the last chunk with its tree), so that
+  a long prompt never stalls the other sessions' rounds for its whole prefill; its KV blocks are taken at
+  its first chunk. A prefill waits while another, started in this step or still under way, starts with
+  the same block of tokens, so that it reuses that one's cached prefix instead of computing its own.
 - KV admission answers fits / not now / never. A prompt that does not fit now waits while sessions give
   blocks back; it is refused only if it could never fit, or if no session has given blocks back for
   `admission_timeout_s` (the pool is held, not draining).
@@ -31,6 +34,7 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.tree_sizing import best_tree_size
 
 RETRY_AFTER_S = 1.0  # told to a client whose request was refused for now, not for good
+PREFILL_FLOOR = 4  # a step's first prefill may compute max_batch_tokens / PREFILL_FLOOR tokens beyond the budget
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class PoolProgress:
 @dataclass
 class StepPlan:
     batch: list[tuple[StepRequest, DraftTree]] = field(default_factory=list)  # trees as trimmed for this step
+    chunks: list[tuple[OpenRequest, int]] = field(default_factory=list)  # prefills that compute this many tokens
     refused: list[tuple[StepRequest, KVPoolExhausted]] = field(default_factory=list)
     preempted: bool = False  # one of `refused` was stopped to break a deadlock
 
@@ -75,29 +80,42 @@ def plan_step(waiting: list[StepRequest], pool: KVBlockPool, cost: CostModel, li
         budget -= 1 + n
         plan.batch.append((request, request.tree.prefix(n)))
     first_blocks = set()
-    for request in (r for r in waiting if isinstance(r, OpenRequest)):
+    first_chunk = True  # one prefill per step may take PREFILL_FLOOR of the budget whatever the verifies left
+    opens = sorted((r for r in waiting if isinstance(r, OpenRequest)), key=lambda r: r.seq is None)  # started first
+    for request in opens:
         head = tuple(request.prompt_ids[: pool.block_size])
-        if head in first_blocks and len(request.prompt_ids) > pool.block_size:
-            continue  # let it reuse this step's prefill of the same prefix next step
-        tokens = len(request.prompt_ids) + len(request.tree)
-        if plan.batch and tokens > budget:
-            continue
-        if not pool.can_ever_hold(tokens):
-            plan.refused.append((request, KVPoolExhausted(
-                f"KV pool full: the prompt needs {pool.blocks_for(tokens)} blocks of {pool.block_size} tokens, "
-                f"the pool has {pool.num_blocks}")))
-            continue
-        need = pool.blocks_to_open(request.prompt_ids, tokens)
-        if need > free_blocks:
-            if now - max(request.submitted, progress.last_release) > limits.admission_timeout_s:
+        if request.seq is not None:  # a chunked prefill under way: its blocks are reserved
+            left = len(request.seq.token_ids) - request.seq.num_cached
+        else:
+            if head in first_blocks and len(request.prompt_ids) > pool.block_size:
+                continue  # let it reuse this step's prefill of the same prefix next step
+            tokens = len(request.prompt_ids) + len(request.tree)
+            if not pool.can_ever_hold(tokens):
                 plan.refused.append((request, KVPoolExhausted(
-                    f"KV pool full: the prompt needs {need} blocks of {pool.block_size} tokens, {free_blocks} of "
-                    f"{pool.num_blocks} free after waiting", retry_after_s=RETRY_AFTER_S)))
-            continue
-        free_blocks -= need
-        budget -= tokens
+                    f"KV pool full: the prompt needs {pool.blocks_for(tokens)} blocks of {pool.block_size} tokens, "
+                    f"the pool has {pool.num_blocks}")))
+                continue
+            need = pool.blocks_to_open(request.prompt_ids, tokens)
+            if need > free_blocks:
+                if now - max(request.submitted, progress.last_release) > limits.admission_timeout_s:
+                    plan.refused.append((request, KVPoolExhausted(
+                        f"KV pool full: the prompt needs {need} blocks of {pool.block_size} tokens, {free_blocks} "
+                        f"of {pool.num_blocks} free after waiting", retry_after_s=RETRY_AFTER_S)))
+                continue
+            left = len(request.prompt_ids) - pool.cached_prefix_tokens(request.prompt_ids)
+        room = max(budget, limits.max_batch_tokens // PREFILL_FLOOR) if first_chunk else budget
         first_blocks.add(head)
-        plan.batch.append((request, request.tree))
+        if left + len(request.tree) <= room or (room > 0 and left == 1):
+            plan.batch.append((request, request.tree))
+            budget -= left + len(request.tree)
+        elif room > 0:
+            plan.chunks.append((request, min(room, left - 1)))  # its last token waits for the tree's step
+            budget -= min(room, left - 1)
+        else:
+            continue
+        if request.seq is None:
+            free_blocks -= need
+        first_chunk = False
     if not plan.batch and stuck and now - progress.last_preempt > limits.preempt_every_s:
         youngest = max(stuck, key=lambda r: r.seq.seq_id)
         plan.refused.append((youngest, KVPoolExhausted(

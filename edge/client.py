@@ -108,7 +108,10 @@ class EdgeClient:
 
     def generate(self, prompt: str | list[int], max_new_tokens: int = 128, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, seed: int | None = None, stop: tuple[str, ...] = (),
-                 chat: bool = False, on_tokens: Callable[[list[int]], None] | None = None) -> ClientResult:
+                 chat: bool = False, on_tokens: Callable[[list[int]], None] | None = None,
+                 on_prefill: Callable[[int, int], None] | None = None) -> ClientResult:
+        """`on_tokens` sees each round's new tokens; `on_prefill(computed, total)` the verifier's progress
+        through a prompt too long to prefill in one engine step (edge/transport.py)."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                 max_new_tokens=max_new_tokens, stop=tuple(stop))
         ids = prompt if isinstance(prompt, list) else self.tokenizer.encode_prompt(prompt, chat=chat)
@@ -126,7 +129,7 @@ class EdgeClient:
             drafter, controller = self._idle.pop() if self._idle else self._new_pair()
         try:
             session = ResumableSession(connect, ids, params, self.client_id, self.tokenizer.fingerprint,
-                                       hints_top_k=self._hints_top_k(drafter))
+                                       hints_top_k=self._hints_top_k(drafter), on_prefill=on_prefill)
             result = generate(session, self.eos_ids, drafter, controller, stop_check, on_tokens)
         finally:
             with self._idle_lock:

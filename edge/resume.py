@@ -35,10 +35,12 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusC
 class ResumableSession:
     def __init__(self, connect: Callable[[], RemoteVerifier], prompt_ids: list[int], params: SamplingParams,
                  client_id: str, fingerprint: str, retries: int = 10, backoff_s: float = 0.2,
-                 busy_wait_s: float = 300.0, hints_top_k: int = 0) -> None:
-        """`connect()` returns a verifier to (re)open the session on: the same or the next one."""
+                 busy_wait_s: float = 300.0, hints_top_k: int = 0,
+                 on_prefill: Callable[[int, int], None] | None = None) -> None:
+        """`connect()` returns a verifier to (re)open the session on: the same or the next one. `on_prefill`:
+        see RemoteSession."""
         self.connect, self.client_id, self.fingerprint = connect, client_id, fingerprint
-        self.hints_top_k = hints_top_k
+        self.hints_top_k, self.on_prefill = hints_top_k, on_prefill
         self.prompt_ids, self.params = list(prompt_ids), params
         self.retries, self.backoff_s, self.busy_wait_s = retries, backoff_s, busy_wait_s
         self.committed: list[int] = []
@@ -112,7 +114,7 @@ class ResumableSession:
         """A new stream for the rest of the generation: the prompt plus everything committed so far."""
         params = replace(self.params, max_new_tokens=max(1, self.params.max_new_tokens - len(self.committed)))
         session = self.connect().open(self.prompt_ids + self.committed, params, self.client_id, self.fingerprint,
-                                      self.hints_top_k)
+                                      self.hints_top_k, self.on_prefill)
         self.max_tree_tokens = session.max_tree_tokens
         return session
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -62,9 +62,10 @@ class RemoteVerifier:
                                            response_deserializer=response.FromString)
 
     def open(self, prompt_ids: list[int], params: SamplingParams, client_id: str = "",
-             fingerprint: str = "", hints_top_k: int = 0) -> RemoteSession:
+             fingerprint: str = "", hints_top_k: int = 0,
+             on_prefill: Callable[[int, int], None] | None = None) -> RemoteSession:
         """`hints_top_k` > 0: ask for hints with every verdict (served at most at the verifier's cap)."""
-        return RemoteSession(self, prompt_ids, params, client_id, fingerprint, hints_top_k)
+        return RemoteSession(self, prompt_ids, params, client_id, fingerprint, hints_top_k, on_prefill)
 
     def tokenizer(self, fingerprint: str) -> TokenizerBundle:
         """The verifier's tokenizer, which must be the one of `fingerprint` (else NOT_FOUND)."""
@@ -87,15 +88,19 @@ REQUEST_POLL_S = 1.0  # how soon the sending thread of a call that ended without
 
 
 class RemoteSession:
-    """A Session stream; implements the VerifierSession interface. The prefill goes with the first draft."""
+    """A Session stream; implements the VerifierSession interface. The prefill goes with the first draft.
+    `on_prefill(computed, total)`: told, while the first verdict is awaited, how many prompt tokens the
+    verifier holds so far, after each chunk of a prompt too long to prefill in one engine step."""
 
     def __init__(self, verifier: RemoteVerifier, prompt_ids: list[int], params: SamplingParams, client_id: str,
-                 fingerprint: str, hints_top_k: int = 0) -> None:
+                 fingerprint: str, hints_top_k: int = 0, on_prefill: Callable[[int, int], None] | None = None
+                 ) -> None:
         self.verifier = verifier
         self.vocab_size = verifier.info.vocab_size
         self.max_tree_tokens = verifier.info.limits.max_tree_tokens
         self.prompt_ids, self.params = list(prompt_ids), params
         self.client_id, self.fingerprint, self.hints_top_k = client_id, fingerprint, hints_top_k
+        self.on_prefill = on_prefill
         self._requests: queue.Queue[pb.SessionRequest | None] = queue.Queue()
         self._responses = None
         self._cost = wire.cost_from_pb(verifier.info.cost)
@@ -113,7 +118,8 @@ class RemoteSession:
         if self._responses is None:
             self._requests.put(pb.SessionRequest(open=pb.OpenSession(
                 client_id=self.client_id, prompt_ids=self.prompt_ids, params=wire.params_to_pb(self.params),
-                tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree), hints_top_k=self.hints_top_k)))
+                tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree), hints_top_k=self.hints_top_k,
+                report_prefill_progress=self.on_prefill is not None)))
             self._responses = self.verifier._session(self._outgoing(),
                                                      metadata=self.verifier.config.metadata(),
                                                      timeout=self.verifier.config.rpc_timeout_s)
@@ -137,6 +143,9 @@ class RemoteSession:
     def receive(self) -> StepResult:
         """The verdict on the oldest tree sent and not yet answered."""
         response = next(self._responses)
+        while response.WhichOneof("kind") == "prefill_progress":
+            self.on_prefill(response.prefill_progress.computed, response.prefill_progress.total)
+            response = next(self._responses)
         verdict = response.opened.verdict if response.WhichOneof("kind") == "opened" else response.verdict
         # (For a tree sent ahead this includes waiting on the verifier for the verdicts before it.)
         wall_ms = (time.perf_counter() - self._sent.popleft()) * 1e3

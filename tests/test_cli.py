@@ -113,3 +113,39 @@ def test_sampling_with_a_seed_is_reproducible_and_another_seed_differs(capsys):
     args = ["generate", "Once upon a time", "--max-new-tokens", "12", "--json", "--temperature", "1.0"]
     a, b, c = (json.loads(run_in_process(capsys, *args, "--seed", seed)[1]) for seed in ("7", "7", "8"))
     assert a["token_ids"] == b["token_ids"] != c["token_ids"]
+
+
+@pytest.mark.real_model
+def test_generate_shows_the_progress_of_a_long_prefill_on_stderr(capsys, real_model):
+    """A verifier that prefills 64 tokens a step: the CLI reports how far it is through a long prompt."""
+    from specedge.cloud.config import ServerConfig
+    from specedge.cloud.launch import EmbeddedVerifier
+
+    config = ServerConfig(model="smollm2-135m", port=0, max_batch_tokens=64)
+    with EmbeddedVerifier(config, real_model("smollm2-135m")) as verifier:
+        prompt = " ".join(f"item {i}," for i in range(200))  # ~800 tokens
+        code, out, err = run_in_process(capsys, "generate", prompt, "--server", verifier.target,
+                                        "--max-new-tokens", "4", "--json")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("prefill: ")]
+    assert lines and " of " in lines[0] and "prompt tokens" in lines[0], err
+    assert json.loads(out)["generated_tokens"] == 4
+
+
+def test_prefill_progress_rewrites_one_line_on_a_terminal_and_ends_it():
+    import io
+
+    from specedge.cli.prefill_progress import PrefillProgress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    progress = PrefillProgress(screen)
+    progress(512, 2048)
+    progress(1024, 2048)
+    progress.done()
+    shown = screen.getvalue()
+    assert shown.startswith("\rprefill: 512 of 2,048 prompt tokens (25%)") and shown.endswith("\n")
+    assert shown.count("\n") == 1 and "\rprefill: 1,024 of 2,048 prompt tokens (50%)" in shown

@@ -158,3 +158,34 @@ def test_tiny_long_prefill_takes_the_causal_kernel_and_matches_transformers(tiny
     assert_close(logits[:3], ref[-3:], "prefill + chain")
     assert_close(logits[3], reference_logits(hf, prompt + [9])[-1], "prefill + sibling")
     engine.release(seq)
+
+
+def test_tiny_prefill_in_chunks_beside_another_sequence_matches_transformers(tiny):
+    """A long prompt prefilled over three steps (chunks of 70, 1 and 60 tokens, the first with no cached
+    prefix, the others after one), each shared with another sequence's decode step, then its tree: the same
+    logits as one pass, and the other sequence is undisturbed. Chunks cross gemma's 8-token window."""
+    hf, engine = tiny
+    rng = random.Random(5)
+    prompt = [rng.randrange(engine.vocab_size) for _ in range(140)]
+    other_prompt = [rng.randrange(engine.vocab_size) for _ in range(9)]
+    other = engine.add_sequence(other_prompt, GREEDY)
+    engine.step([(other, DraftTree.empty())])
+    seq = engine.add_sequence(prompt, GREEDY)
+    for n in (70, 1, 60):
+        (logits,) = engine.forward([(other, DraftTree.empty())], [(seq, n)])
+        assert_close(logits[0], reference_logits(hf, other.token_ids)[-1], "the other sequence's step")
+        engine.step([(other, DraftTree.empty())], [(seq, n)])
+    assert seq.num_cached == 131
+    tree = DraftTree([7, 8, 9], [-1, 0, -1])
+    (logits,) = engine.forward([(seq, tree)])
+    ref = reference_logits(hf, prompt + [7, 8])
+    assert_close(logits[:3], ref[-3:], "the last chunk + chain")
+    assert_close(logits[3], reference_logits(hf, prompt + [9])[-1], "the last chunk + sibling")
+
+
+def test_a_chunk_must_leave_the_prompts_last_token_for_the_verdict(tiny):
+    _, engine = tiny
+    seq = engine.add_sequence(list(range(1, 11)), GREEDY)
+    with pytest.raises(ValueError, match="must leave the last"):
+        engine.step([], [(seq, 10)])
+    assert engine.step([], [(seq, 9)]) == [] and seq.num_cached == 9

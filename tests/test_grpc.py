@@ -98,6 +98,43 @@ def test_remote_sessions_give_exactly_the_in_process_output_for_any_drafts(serve
     assert server.used_blocks() == 0
 
 
+def test_a_long_prompt_reports_its_prefill_progress_to_a_client_that_asks_and_the_output_is_unchanged(server):
+    """max_batch_tokens 32: a 200-token prompt is prefilled in chunks; the client hears after each how far
+    the verifier is, then gets the same output as from a verifier that prefills it in one step."""
+    prompt = [(13 * i) % (V - 1) + 1 for i in range(200)]
+    want = generate(RemoteVerifier(server.target).open(prompt, GREEDY)).token_ids
+    with tiny_verifier(max_batch_tokens=32) as chunking:
+        reports = []
+        session = RemoteVerifier(chunking.target).open(prompt, GREEDY, on_prefill=lambda *r: reports.append(r))
+        assert generate(session).token_ids == want
+        assert len(reports) >= 5 and all(total == 200 for _, total in reports)
+        assert [done for done, _ in reports] == sorted(done for done, _ in reports) and reports[-1][0] < 200
+        # A client that does not ask hears nothing of it (a progress message would find no listener).
+        assert generate(RemoteVerifier(chunking.target).open(prompt, GREEDY)).token_ids == want
+        assert chunking.used_blocks() == 0
+
+
+def test_a_client_gone_in_the_middle_of_a_chunked_prefill_leaves_no_blocks_held():
+    with tiny_verifier(max_batch_tokens=8, kv_pool_mb=32) as s:
+        prompt = [(13 * i) % (V - 1) + 1 for i in range(3000)]
+        heard = threading.Event()
+        session = RemoteVerifier(s.target).open(prompt, GREEDY, on_prefill=lambda *r: heard.set())
+        session.send(DraftTree.empty())
+        reader = threading.Thread(target=lambda: _swallow(session.receive))
+        reader.start()
+        assert heard.wait(30)
+        session.verifier.close()  # the connection drops mid-prefill
+        reader.join(timeout=30)
+        assert s.used_blocks() == 0
+
+
+def _swallow(call) -> None:
+    try:
+        call()
+    except (grpc.RpcError, ValueError):
+        pass
+
+
 def test_a_client_drafting_more_than_the_verifier_takes_sends_what_it_takes(server):
     """This verifier takes 32 draft nodes a round (GetInfo's limits, read at connect): a drafter that
     proposes 60 has its trees cut to 32 instead of getting INVALID_ARGUMENT."""
@@ -474,6 +511,36 @@ def test_the_client_resumes_on_another_verifier_and_the_output_is_unbroken():
         assert session.resumes == 1
         assert got.token_ids == want
         assert b.used_blocks() == 0
+
+
+def test_a_verifier_whose_scheduler_fails_sends_its_clients_elsewhere_and_stops_serving():
+    """An error inside an engine step (injected here: no real one is known) ends the scheduler: its clients
+    get UNAVAILABLE instead of waiting forever for a thread that is gone, resume on another verifier with
+    unchanged output, and the failed verifier reports NOT_SERVING and refuses new sessions at once."""
+    with tiny_verifier() as a, tiny_verifier() as b:
+        params = SamplingParams(max_new_tokens=40)
+        want = solo_output(b, params=params)
+        step, calls = a.engine.step, [0]
+
+        def step_that_fails_the_sixth_time(work, chunks):
+            calls[0] += 1
+            if calls[0] == 6:
+                raise SystemError("injected engine fault")
+            return step(work, chunks)
+
+        a.engine.step = step_that_fails_the_sixth_time
+        targets = iter([a.target, b.target])
+        session = ResumableSession(lambda: RemoteVerifier(next(targets)), PROMPT, params, "c", "")
+        got = generate(session, drafter=FunctionDrafter(lambda c: DraftTree.chain([(c[-1] + 1) % V])))
+        assert session.resumes == 1 and got.token_ids == want
+        assert isinstance(a.service.scheduler.failure, SystemError)
+        deadline = time.monotonic() + 10
+        while healthy(a) and time.monotonic() < deadline:  # reported from the server's event loop
+            time.sleep(0.02)
+        assert not healthy(a)
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(RemoteVerifier(a.target).open(PROMPT, GREEDY))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 def test_graceful_shutdown_lets_open_sessions_finish_and_refuses_new_ones():

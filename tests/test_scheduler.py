@@ -11,7 +11,8 @@ import pytest
 
 from specedge.cloud.engine import Engine
 from specedge.cloud.kv_pool import KVBlockPool, KVPoolExhausted
-from specedge.cloud.scheduler import VerifyScheduler
+from specedge.cloud.scheduler import SchedulerFailed, VerifyScheduler
+from specedge.cloud.step_plan import StepLimits
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from tiny_models import tiny_llama
@@ -56,7 +57,7 @@ def test_a_step_waits_briefly_for_sessions_still_drafting_their_next_tree():
     cannot decide the outcome, as they could with 50 ms steps and a 5 ms wait.)"""
     s = make(gather_ms=1)
     step = s.engine.step
-    s.engine.step = lambda work: (time.sleep(0.2), step(work))[1]
+    s.engine.step = lambda work, chunks: (time.sleep(0.2), step(work, chunks))[1]
     steps = []
     s.on_step = steps.append
     seqs = open_many(s, [[1, 2, 3], [4, 5, 6]])
@@ -121,3 +122,105 @@ def test_a_prompt_waiting_for_kv_blocks_runs_once_a_session_closes_and_one_that_
     with pytest.raises(KVPoolExhausted, match="KV pool full"):
         s.open(list(range(1, 60)) * 2, GREEDY, DraftTree.empty()).result(timeout=30)
     s.stop()
+
+
+def decode_alone(prompt: list[int], tokens: int) -> list[int]:
+    """Greedy output of `prompt` from a scheduler that prefills it in one step."""
+    s = make()
+    seq, outcome = s.open(prompt, GREEDY, DraftTree.empty()).result(timeout=30)
+    while len(seq.output_ids) < tokens:
+        s.verify(seq, DraftTree.empty()).result(timeout=30)
+    s.stop()
+    return seq.output_ids[:tokens]
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_another_session_keeps_decoding_in_every_step():
+    """max_batch_tokens 24: a 100-token prompt takes five steps; the decoding session is served in each of
+    them instead of waiting for the whole prefill; both outputs are what they are alone."""
+    prompt, other_prompt = [(7 * i) % 61 + 1 for i in range(100)], [5, 6, 7]
+    want, other_want = decode_alone(prompt, 8), decode_alone(other_prompt, 12)
+    s = make(limits=StepLimits(max_batch_tokens=24), gather_ms=1)
+    steps, reports = [], []
+    s.on_step = steps.append
+    (other,) = open_many(s, [other_prompt])
+    steps.clear()
+    stop = threading.Event()
+
+    def decode() -> None:
+        while not stop.is_set() and len(other.output_ids) < 12:
+            s.verify(other, DraftTree.empty()).result(timeout=30)
+
+    decoder = threading.Thread(target=decode)
+    decoder.start()
+    seq, _ = s.open(prompt, GREEDY, DraftTree.empty(), on_progress=lambda *r: reports.append(r)).result(timeout=30)
+    stop.set()
+    decoder.join(timeout=30)
+    assert [total for _, total in reports] == [100] * len(reports) and len(reports) >= 4
+    assert [done for done, _ in reports] == sorted(done for done, _ in reports) and reports[-1][0] < 100
+    prefill_steps = [st for st in steps if st.prefills]
+    assert len(prefill_steps) == len(reports) + 1
+    assert all(st.sessions == 1 for st in prefill_steps[:-1])  # the decoding session's verification in each
+    assert all(st.tokens <= 24 + 24 // 4 for st in steps)
+    while len(seq.output_ids) < 8:
+        s.verify(seq, DraftTree.empty()).result(timeout=30)
+    assert seq.output_ids[:8] == want
+    while len(other.output_ids) < 12:
+        s.verify(other, DraftTree.empty()).result(timeout=30)
+    assert other.output_ids[:12] == other_want
+    s.stop()
+
+
+def test_a_prefill_given_up_between_chunks_gives_its_blocks_back():
+    s = make(limits=StepLimits(max_batch_tokens=8), gather_ms=1)
+    asked, cancelled = threading.Event(), []
+
+    def give_up_after_the_first_chunk(*progress) -> None:  # as the server does when its client goes away
+        asked.wait(10)
+        cancelled.append(opening.cancel())
+
+    opening = s.open(list(range(1, 61)), GREEDY, DraftTree.empty(), on_progress=give_up_after_the_first_chunk)
+    asked.set()
+    deadline = time.monotonic() + 10
+    while not (cancelled and s.active_sessions == 0) and time.monotonic() < deadline:  # released at the next step
+        time.sleep(0.01)
+    assert cancelled == [True] and s.active_sessions == 0 and s.engine.pool.stats().used == 0
+    s.stop()
+
+
+def test_an_error_inside_a_step_fails_every_request_now_and_later_instead_of_leaving_them_waiting():
+    """The engine's error is injected (no real one is known). The request in the failing step, one waiting
+    behind it, and one asked afterwards all fail with SchedulerFailed; `on_failure` hears the error once."""
+    failures = []
+    s = make(on_failure=failures.append)
+    seq = open_many(s, [[1, 2, 3]])[0]
+    entered, release = threading.Event(), threading.Event()
+
+    def failing_step(work, chunks):
+        entered.set()
+        release.wait(10)
+        raise SystemError("injected engine fault")
+
+    s.engine.step = failing_step
+    in_step = s.verify(seq, DraftTree.empty())
+    assert entered.wait(10)
+    behind = s.open([4, 5, 6], GREEDY, DraftTree.empty())  # arrives while the failing step runs
+    release.set()
+    for future in (in_step, behind):
+        with pytest.raises(SchedulerFailed, match="injected engine fault"):
+            future.result(timeout=10)
+    with pytest.raises(SchedulerFailed):
+        s.open([7, 8, 9], GREEDY, DraftTree.empty()).result(timeout=1)
+    assert len(failures) == 1 and isinstance(failures[0], SystemError) and s.failure is failures[0]
+    s._thread.join(timeout=10)
+    assert not s._thread.is_alive()
+
+
+def test_a_request_still_in_the_inbox_at_a_stop_is_refused_not_left_waiting():
+    s = make(own_thread=False)  # steps run only inside run(): the request stays in the inbox until then
+    asked = s.open([1, 2, 3], GREEDY, DraftTree.empty())
+    s.stop()
+    s.run()
+    with pytest.raises(RuntimeError, match="shutting down"):
+        asked.result(timeout=1)
+    with pytest.raises(RuntimeError, match="shutting down"):
+        s.open([4, 5, 6], GREEDY, DraftTree.empty()).result(timeout=1)

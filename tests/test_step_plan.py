@@ -134,3 +134,43 @@ def test_sessions_that_outgrow_the_pool_together_the_youngest_is_refused_at_most
     ((refused, error),) = p.refused
     assert p.preempted and refused.seq is younger and "youngest" in str(error) and error.retry_after_s > 0
     assert not plan(stuck, pool, now=100.5, progress=PoolProgress(last_preempt=100.0)).refused
+
+
+# ---- prefills in chunks -------------------------------------------------------------------------------
+
+
+def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks_its_last_token_left_for_its_tree():
+    pool = pool_of(64)
+    long = OpenRequest(list(range(1, 101)), GREEDY, chain([7, 8]))
+    p = plan([long], pool, max_batch_tokens=32)
+    assert not p.batch and [(r, n) for r, n in p.chunks] == [(long, 32)]
+    long.seq = open_seq(pool, 0, long.prompt_ids)  # as the scheduler opens it; now one token is left
+    long.seq.num_cached = 97  # 3 uncomputed + 2 tree nodes fit
+    assert [r for r, _ in plan([long], pool, max_batch_tokens=32).batch] == [long]
+    long.seq.num_cached = 60  # 40 uncomputed: another chunk, never the last token
+    assert [n for _, n in plan([long], pool, max_batch_tokens=32).chunks] == [32]
+    long.seq.num_cached = 69
+    assert [n for _, n in plan([long], pool, max_batch_tokens=32).chunks] == [30]  # 31 + 2 > 32: all but the last
+
+
+def test_under_load_the_first_prefill_still_gets_a_quarter_of_the_budget():
+    pool = pool_of(64)
+    verifies = [VerifyRequest(open_seq(pool, i, [i + 1] * 3), chain(list(range(10, 26)))) for i in range(4)]
+    first, second = (OpenRequest(list(range(1 + 40 * k, 41 + 40 * k)), GREEDY, DraftTree.empty()) for k in range(2))
+    p = plan([*verifies, first, second], pool, max_batch_tokens=64)
+    assert sum(1 + n for n in sent(p).values()) == 64  # the verifications take the whole budget
+    assert [(r, n) for r, n in p.chunks] == [(first, 16)] and second not in [r for r, _ in p.batch]
+
+
+def test_a_prefill_under_way_goes_before_new_ones_and_holds_its_prefix_for_them():
+    pool = pool_of(64)
+    document = list(range(1, 41))
+    started = OpenRequest(document + [99], GREEDY, DraftTree.empty())
+    started.seq = open_seq(pool, 0, started.prompt_ids)
+    started.seq.num_cached = 8
+    same_prefix = OpenRequest(document + [98], GREEDY, DraftTree.empty())
+    other = OpenRequest([60, 61, 62], GREEDY, DraftTree.empty())
+    p = plan([same_prefix, other, started], pool, max_batch_tokens=16)
+    assert [(r, n) for r, n in p.chunks] == [(started, 16)]
+    assert same_prefix not in [r for r, _ in p.batch] + [r for r, _ in p.chunks]  # it waits for the prefix
+    assert [r for r, _ in p.batch] == [] and other not in [r for r, _ in p.chunks]  # the budget is spent
