@@ -158,7 +158,10 @@ class VerifyScheduler:
             summary = f"{type(e).__name__}: {e}"[:200]
             self._refuse(SchedulerFailed(f"the verifier failed ({summary}): reopen the session elsewhere"))
             if self.on_failure is not None:
-                self.on_failure(e)
+                try:
+                    self.on_failure(e)
+                except Exception:  # the requests below must be failed whatever the listener does
+                    log.exception("the scheduler's failure listener failed")
         self._refuse(RuntimeError("the verifier is shutting down"))
         self._fail_everything_left()
 
@@ -320,5 +323,5 @@ def _tell_progress(request: OpenRequest) -> None:
 
 def _fail(future: Future, error: BaseException) -> None:
     """Fail a request's future unless its waiter has cancelled it (then nobody needs to know)."""
-    if not future.done() and future.set_running_or_notify_cancel():
+    if not future.done() and (future.running() or future.set_running_or_notify_cancel()):
         future.set_exception(error)

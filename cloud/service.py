@@ -123,16 +123,15 @@ class VerifierService:
             client, claim = self._admit(self.identities.of(context), len(prompt) + params.max_new_tokens)
             identity = client
             hints_top_k = min(max(0, op.hints_top_k), self.config.max_hints_top_k)  # a larger ask gets the cap
-            progress = asyncio.Queue() if op.report_prefill_progress else None  # (computed, total), then None
-            put = None if progress is None else lambda item: self._loop.call_soon_threadsafe(progress.put_nowait, item)
-            opening = self.scheduler.open(prompt, params, tree, hints_top_k,
-                                          None if put is None else lambda computed, total: put((computed, total)))
-            if progress is not None:
-                opening.add_done_callback(lambda _: put(None))
+            reports = _PrefillReports(self._loop) if op.report_prefill_progress else None
+            opening = self.scheduler.open(prompt, params, tree, hints_top_k, reports and reports.put)
+            if reports is not None:
                 try:
-                    while (report := await progress.get()) is not None and not self.migrating.is_set():
+                    async for computed, total in reports.until_done(opening):
+                        if self.migrating.is_set():
+                            break
                         yield pb.SessionResponse(prefill_progress=pb.PrefillProgress(
-                            computed=report[0], total=report[1])).SerializeToString()
+                            computed=computed, total=total)).SerializeToString()
                 except BaseException:  # the client went away mid-prefill
                     self._drop(opening)
                     raise
@@ -386,6 +385,22 @@ class VerifierService:
                           next_max_tree_tokens=min(self.config.max_tree_tokens, o.next_max_tree_tokens),
                           cost=wire.cost_to_pb(o.cost, o.active_sessions),
                           hints=wire.hints_to_pb(o.verdict.hints) if o.verdict.hints is not None else None)
+
+
+class _PrefillReports:
+    """A chunked prefill's progress, reported on the scheduler's thread, as this event loop's async stream."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop, self._queue = loop, asyncio.Queue()
+
+    def put(self, computed: int, total: int) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (computed, total))
+
+    async def until_done(self, opening):
+        """(computed, total) per chunk until the scheduler answers `opening`."""
+        opening.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))
+        while (report := await self._queue.get()) is not None:
+            yield report
 
 
 def _moved() -> _Abort:
