@@ -157,3 +157,50 @@ def test_the_dockerfile_command_serves_and_generate_connects_as_separate_process
         assert server.wait(timeout=60) == 0
         log = server.stdout.read()
         assert '"event": "stopping"' in log and '"event": "stopped"' in log, log
+
+
+SERVE_WITH_A_FAULTY_ENGINE = """
+import sys
+from specedge.cloud.engine import Engine
+from specedge.cli import main
+
+step, calls = Engine.step, [0]
+
+def faulty_step(self, work, chunks=()):  # the fault a test injects: no real one is known
+    calls[0] += 1
+    if calls[0] == 4:
+        raise SystemError("injected engine fault")
+    return step(self, work, chunks)
+
+Engine.step = faulty_step
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_specedge_serve_exits_with_an_error_when_its_scheduler_fails_and_its_client_hears_unavailable():
+    """`specedge serve` in its own process, its engine made to fail on the fourth step: the session in
+    flight gets UNAVAILABLE (its SDK would resume elsewhere), and the process logs why and exits non-zero,
+    for a supervisor to restart it."""
+    from specedge.common.draft_tree import DraftTree
+    from specedge.common.params import SamplingParams
+    from specedge.edge.transport import RemoteVerifier
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVE_WITH_A_FAULTY_ENGINE, "serve", "--model", MODEL,
+                               "--host", "127.0.0.1", "--port", str(port), "--kv-pool-mb", "64"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=120)
+        session = RemoteVerifier(f"127.0.0.1:{port}").open([1, 2, 3, 4], SamplingParams(max_new_tokens=20))
+        with pytest.raises(grpc.RpcError) as failed:
+            for _ in range(20):
+                session.step(DraftTree.empty())
+        assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "injected engine fault" in failed.value.details()
+        assert server.wait(timeout=60) != 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+    log = server.stdout.read()
+    assert '"event": "scheduler_failed"' in log and "the verify scheduler failed" in log, log
