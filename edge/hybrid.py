@@ -19,8 +19,12 @@ PRIOR_ROUNDS of its own rounds), so it decides at once. Where the model does not
 R_m + D - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
 that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
 cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
-tokens per pass). While the model is not drafting, it only keeps up with the committed text during the
-verifier's pass (not speculating beyond it).
+tokens per pass). A model that does not draft keeps up with the committed text during the verifier's
+pass (not speculating beyond it) only while it is wanted: where it pays or an exploring round is due, or
+was lately. Otherwise it rests, reading nothing (on a shared machine, reading beside the pass slows it);
+the round that drafts after a rest pays for reading the backlog, and an exploring round charges that to
+its bucket's budget, so a model far from paying (where retrieval commits many tokens a pass) costs nearly
+nothing there.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -57,6 +61,9 @@ EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, sp
 PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
+PAID_FORGET = 0.8  # per round: how fast "the model paid lately" fades
+PAID_LATELY = 0.2  # a model that does not pay keeps reading while it paid in this share of recent rounds
+DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
 
 class HybridDrafter:
@@ -71,18 +78,34 @@ class HybridDrafter:
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
+        self._mode = READ  # this round's DRAFT, READ or REST
+        self._behind_ms = 0.0  # what the model would spend reading before it could draft this round
+        self._paid_lately = 1.0  # decayed share of recent rounds in which the model paid
 
     @property
     def hints_top_k(self) -> int:
         """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
         return self.sources[0].hints_top_k
 
-    def _model_pays(self, expected: float) -> bool:
+    def _model_round(self, expected: float) -> str:
+        """What the model does this round: DRAFT, READ (only catch up on the committed text during the pass,
+        so that a round it drafts soon does not begin by reading many rounds' worth of tokens) or REST."""
+        draft, pays, due = self._model_pays(expected)
+        # Catching up during the pass costs little (the edge waits for the verdict anyway), reading at draft
+        # time costs the round all of it, never reading costs nothing: read while the model pays here or did
+        # lately (retrieval's confidence moves between buckets), or an exploring round is due.
+        lately = self._paid_lately >= PAID_LATELY
+        self._paid_lately = PAID_FORGET * self._paid_lately + (1 - PAID_FORGET) * pays
+        return DRAFT if draft else READ if pays or due or lately else REST
+
+    def _model_pays(self, expected: float) -> tuple[bool, bool, bool]:
+        """(whether the model drafts this round, whether it pays here, whether an exploring round is due
+        here), the last two regardless of what the model has to read before it could draft."""
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
-            return True  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
+            return True, True, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
-            return False  # a round without the model, which times R
+            return False, True, False  # a round without the model, which times R
         # A bucket's own figures where it has them, all buckets' until then: only G is expected to differ
         # much between buckets, and it starts from the mean of all of them, worth PRIOR_ROUNDS of its own.
         without, with_model = self._round_ms[b]
@@ -94,13 +117,19 @@ class HybridDrafter:
         gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
-        if loss < 0:
-            return True
-        self._explore_ms[b] += EXPLORE_SHARE * without
-        if self._explore_ms[b] >= loss:  # G stays measured, at no more than EXPLORE_SHARE of the time
-            self._explore_ms[b] -= loss
-            return True
-        return False
+        pays = loss < 0
+        if not pays:
+            self._explore_ms[b] += EXPLORE_SHARE * without
+        due = not pays and self._explore_ms[b] >= loss
+        # A model that rested without reading must first read what was committed meanwhile: the round that
+        # drafts pays for it, and so does the explore budget when it is an exploring round.
+        cost = loss + self._behind_ms
+        if cost < 0:
+            return True, pays, due
+        if self._explore_ms[b] >= cost:  # G stays measured, at no more than EXPLORE_SHARE of the time
+            self._explore_ms[b] -= cost
+            return True, pays, due
+        return False, pays, due
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round = True
@@ -112,12 +141,14 @@ class HybridDrafter:
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
-        if self._model_pays(expected):
+        self._behind_ms = model.behind_ms()
+        self._mode = self._model_round(expected)
+        if self._mode == DRAFT:
             start = time.perf_counter()
             drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
-                ms = (time.perf_counter() - start) * 1e3
-                self.model_ms = moving_average(self.model_ms, ms)
+                ms = (time.perf_counter() - start) * 1e3 - self._behind_ms
+                self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         self._drafts = (retrieved, drafted)
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
@@ -204,10 +235,12 @@ class HybridDrafter:
             source.end()
 
     def speculate(self, stop: Callable[[], bool]) -> None:
-        # Retrieval has nothing to compute ahead. A model that is not drafting only reads what was committed,
-        # so that the round it drafts again does not begin by reading many rounds' worth of tokens.
+        # Retrieval has nothing to compute ahead. A model that is not drafting but may soon only reads what
+        # was committed, so that the round it drafts again does not begin by reading many rounds' worth of
+        # tokens; a resting one does nothing, so as not to slow the verifier's pass on a shared machine.
         drafting = bool(self._drafts and len(self._drafts[1]))
-        self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1)
+        if drafting or self._mode != REST:
+            self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1)
 
 
 def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:

@@ -76,6 +76,8 @@ class ModelDrafter:
         self._logits: dict[tuple[int, ...], np.ndarray] = {}  # drafter ids -> the next-token logits after them
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
+        self.read_ms: float | None = None  # per committed token, read in CATCH_UP_BATCH forwards
+        self._verdict_tokens = 0  # tokens the last verdict committed
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
         self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
@@ -140,7 +142,9 @@ class ModelDrafter:
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
+        before = len(self.context)
         self.context = self.bridge.commit(result.tokens)
+        self._verdict_tokens = max(0, len(self.context) - before)
         known = tuple(self.context)
         self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
@@ -150,6 +154,26 @@ class ModelDrafter:
 
     def end(self) -> None:
         self._logits.clear()
+
+    def behind_ms(self) -> float:
+        """The time a draft now would spend reading committed text from before the last verdict (a model
+        that has not kept up with it: the hybrid's resting model); 0 while the prompt is still being read
+        in the background (no draft comes then)."""
+        if self._reader is not None and self._reader.is_alive():
+            return 0.0
+        behind = self._unread() - self._verdict_tokens
+        return max(0, behind) * (self.read_ms or self.token_ms or 0.0)
+
+    def _unread(self) -> int:
+        """Committed tokens (drafter ids) the model's cache does not hold yet."""
+        if tuple(self.context) in self._logits:
+            return 0
+        held = 0
+        for a, b in zip(self.model.tokens, self.context):
+            if a != b:
+                break
+            held += 1
+        return len(self.context) - held
 
     def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
@@ -166,10 +190,13 @@ class ModelDrafter:
         deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
         # First, read what was committed since the model last ran: many rounds' tokens after a long prompt
         # read, or while the hybrid lets the model rest, which one forward would not finish by the verdict.
-        unread = tuple(self.context) not in self._logits  # else the draft computed them
-        if unread and not self.model.prefill(self.context, lambda: stop() or time.perf_counter() > deadline,
-                                             CATCH_UP_BATCH):
-            return
+        if unread := self._unread():
+            start = time.perf_counter()
+            done = self.model.prefill(self.context, lambda: stop() or time.perf_counter() > deadline, CATCH_UP_BATCH)
+            if (read := unread - self._unread()) > 1:  # a single token is a forward, not a batch's share
+                self.read_ms = moving_average(self.read_ms, (time.perf_counter() - start) * 1e3 / read)
+            if not done:
+                return
         frontier = [(-1.0, tuple(self.context))]
         forwards = 0
         while frontier and forwards < steps and not stop() and time.perf_counter() < deadline:
