@@ -12,7 +12,8 @@ draft is confident the model rarely adds a token, so each round the hybrid asks 
 Per bucket of retrieval's expected accepted tokens E it measures G, the tokens the verifier accepted
 beyond retrieval's own nodes when the model drafted (a mean over the last few such rounds), and the
 round's time from sending the tree to the verdict, with the model (R_m: its nodes make the pass longer,
-its speculation may outlast the pass) and without (R); D is the model's drafting time. The model pays
+its speculation may outlast the pass) and without (R); D is the model's drafting time, besides
+reading what was committed (counted apart, as it varies from round to round). The model pays
 when (1 + E + G) / (R_m + D) beats (1 + E) / R. A fresh hybrid measures once (two rounds with the model,
 one without); a bucket without figures of its own takes all buckets' (its G starts from their mean, worth
 PRIOR_ROUNDS of its own rounds), so it decides at once. Where the model does not pay, a round with it loses
@@ -79,8 +80,8 @@ class HybridDrafter:
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
         self._mode = READ  # this round's DRAFT, READ or REST
-        self._behind_ms = 0.0  # what the model would spend reading before it could draft this round
-        self._paid_lately = 1.0  # decayed share of recent rounds in which the model paid
+        self._behind_ms = (0.0, 0.0)  # ModelDrafter.behind_ms() this round
+        self._paid_lately = 0.0  # decayed share of recent rounds in which the model paid
 
     @property
     def hints_top_k(self) -> int:
@@ -108,26 +109,30 @@ class HybridDrafter:
             return False, True, False  # a round without the model, which times R
         # A bucket's own figures where it has them, all buckets' until then: only G is expected to differ
         # much between buckets, and it starts from the mean of all of them, worth PRIOR_ROUNDS of its own.
+        # The model's nodes and speculation can only delay the verdict: a pass that took less time with
+        # them committed fewer tokens (a pass's time grows with what it commits), which says nothing of them.
         without, with_model = self._round_ms[b]
         if np.isnan(without):
             without = self._round_ms[ALL, 0]
         if np.isnan(with_model):
             with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
+        with_model = max(with_model, without)
         mean_gain = self._gain[ALL, 0] / self._gain[ALL, 1]
         gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
-        # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates
+        # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
+        # besides reading what was committed since the model last ran: at least the last verdict's tokens
+        # that its speculation did not compute (`floor`), and all of a rest's (`now`).
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
-        pays = loss < 0
+        now, floor = self._behind_ms
+        pays = loss + floor < 0
         if not pays:
             self._explore_ms[b] += EXPLORE_SHARE * without
-        due = not pays and self._explore_ms[b] >= loss
-        # A model that rested without reading must first read what was committed meanwhile: the round that
-        # drafts pays for it, and so does the explore budget when it is an exploring round.
-        cost = loss + self._behind_ms
-        if cost < 0:
+        due = not pays and self._explore_ms[b] >= loss + floor
+        # The round that drafts pays for the reading, and so does the explore budget when it explores.
+        if loss + now < 0:
             return True, pays, due
-        if self._explore_ms[b] >= cost:  # G stays measured, at no more than EXPLORE_SHARE of the time
-            self._explore_ms[b] -= cost
+        if self._explore_ms[b] >= loss + now:  # G stays measured, at no more than EXPLORE_SHARE of the time
+            self._explore_ms[b] -= loss + now
             return True, pays, due
         return False, pays, due
 
@@ -147,7 +152,7 @@ class HybridDrafter:
             start = time.perf_counter()
             drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
-                ms = (time.perf_counter() - start) * 1e3 - self._behind_ms
+                ms = (time.perf_counter() - start) * 1e3 - self._behind_ms[0]
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         self._drafts = (retrieved, drafted)
         nodes: list[_Merged] = []

@@ -77,7 +77,7 @@ class ModelDrafter:
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self.read_ms: float | None = None  # per committed token, read in CATCH_UP_BATCH forwards
-        self._verdict_tokens = 0  # tokens the last verdict committed
+        self._verdict_tokens = 0  # drafter tokens the last verdict committed
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
         self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
@@ -155,14 +155,20 @@ class ModelDrafter:
     def end(self) -> None:
         self._logits.clear()
 
-    def behind_ms(self) -> float:
-        """The time a draft now would spend reading committed text from before the last verdict (a model
-        that has not kept up with it: the hybrid's resting model); 0 while the prompt is still being read
-        in the background (no draft comes then)."""
+    def behind_ms(self) -> tuple[float, float]:
+        """The time a draft now would spend reading committed text first, and the part of it that catching
+        up during the verifier's pass would not save (the last verdict's tokens, which come after the pass):
+        a drafting model reads the verdict's tokens its speculation did not compute, a model that did not
+        keep up (the hybrid's resting model) more. (0, 0) while the prompt is still being read in the
+        background (no draft comes then)."""
         if self._reader is not None and self._reader.is_alive():
-            return 0.0
-        behind = self._unread() - self._verdict_tokens
-        return max(0, behind) * (self.read_ms or self.token_ms or 0.0)
+            return 0.0, 0.0
+        unread = self._unread()
+        return self._reading_ms(unread), self._reading_ms(min(unread, self._verdict_tokens))
+
+    def _reading_ms(self, tokens: int) -> float:
+        one_forward = self.token_ms or 0.0
+        return max(one_forward, tokens * (self.read_ms or one_forward)) if tokens else 0.0
 
     def _unread(self) -> int:
         """Committed tokens (drafter ids) the model's cache does not hold yet."""

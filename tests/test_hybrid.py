@@ -41,8 +41,8 @@ class Scripted:
     def speculate(self, stop, steps: int) -> None:
         self.speculated.append(steps)
 
-    def behind_ms(self) -> float:
-        return 0.0
+    def behind_ms(self) -> tuple[float, float]:
+        return 0.0, 0.0
 
 
 def paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
@@ -123,8 +123,8 @@ class Clock:
 
 class TimedModel(Scripted):
     """A scripted model drafter that takes `ms` to draft, and `read_ms` per committed token it has not read:
-    it reads during the pass when told to speculate (all but the verdict's tokens, which come after the
-    pass), and when it drafts."""
+    when it drafts (the verdict's tokens at least), and during the pass when told to speculate (all but the
+    verdict's tokens, which come after the pass)."""
 
     def __init__(self, tree: DraftTree, clock: Clock, ms: float = 50.0, read_ms: float = 0.0) -> None:
         super().__init__(tree)
@@ -132,7 +132,7 @@ class TimedModel(Scripted):
         self.unread_before_verdict, self.verdict_tokens = 0, 0
 
     def propose(self, alongside: float = 0.0) -> DraftTree:
-        self.clock.spend(self.ms + self.behind_ms())
+        self.clock.spend(self.ms + self.behind_ms()[0])
         self.unread_before_verdict = self.verdict_tokens = 0
         return super().propose(alongside)
 
@@ -145,8 +145,8 @@ class TimedModel(Scripted):
         super().speculate(stop, steps)
         self.unread_before_verdict = self.verdict_tokens = 0  # all that was committed before this pass
 
-    def behind_ms(self) -> float:
-        return self.unread_before_verdict * self.read_ms
+    def behind_ms(self) -> tuple[float, float]:
+        return (self.unread_before_verdict + self.verdict_tokens) * self.read_ms, self.verdict_tokens * self.read_ms
 
 
 @pytest.mark.parametrize("model_adds", [False, True])
@@ -252,7 +252,7 @@ def test_a_resting_model_reads_nothing_and_an_exploring_round_pays_for_its_backl
                        ms=50.0, read_ms=5.0)
     spent_drafting = []
     propose = model.propose
-    model.propose = lambda alongside=0.0: (spent_drafting.append(model.ms + model.behind_ms()), propose(alongside))[1]
+    model.propose = lambda alongside=0.0: (spent_drafting.append(model.ms + model.behind_ms()[0]), propose(alongside))[1]
     hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
     hybrid.begin([1])
     rounds = 1000
