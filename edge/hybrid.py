@@ -65,6 +65,7 @@ FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - F
 PAID_FORGET = 0.8  # per round: how fast "the model paid lately" fades
 PAID_LATELY = 0.2  # a model that does not pay keeps reading while it paid in this share of recent rounds
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
+LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
 
 
 class HybridDrafter:
@@ -107,6 +108,9 @@ class HybridDrafter:
             return True, True, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
             return False, True, False  # a round without the model, which times R
+        now, floor = self._behind_ms
+        if not self._gain[b, 1]:  # G differs most between buckets: each measures it once, when caught up
+            return now <= floor, False, True
         # A bucket's own figures where it has them, all buckets' until then: only G is expected to differ
         # much between buckets, and it starts from the mean of all of them, worth PRIOR_ROUNDS of its own.
         # The model's nodes and speculation can only delay the verdict: a pass that took less time with
@@ -123,7 +127,6 @@ class HybridDrafter:
         # besides reading what was committed since the model last ran: at least the last verdict's tokens
         # that its speculation did not compute (`floor`), and all of a rest's (`now`).
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
-        now, floor = self._behind_ms
         pays = loss + floor < 0
         if not pays:
             self._explore_ms[b] += EXPLORE_SHARE * without
@@ -240,12 +243,24 @@ class HybridDrafter:
             source.end()
 
     def speculate(self, stop: Callable[[], bool]) -> None:
-        # Retrieval has nothing to compute ahead. A model that is not drafting but may soon only reads what
-        # was committed, so that the round it drafts again does not begin by reading many rounds' worth of
-        # tokens; a resting one does nothing, so as not to slow the verifier's pass on a shared machine.
+        # Retrieval has nothing to compute ahead. The model, unless it rests (reading beside the pass slows
+        # the pass on a shared machine), reads ahead what the verdict most likely commits, so that a round
+        # it drafts next does not begin by reading it (retrieval's verdicts run to tens of tokens); a model
+        # that is not drafting reads only that (one forward), a drafting one speculates beyond it.
         drafting = bool(self._drafts and len(self._drafts[1]))
         if drafting or self._mode != REST:
-            self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1)
+            self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
+
+    def _likely_verdict(self) -> list[int]:
+        """The tokens of the merged tree's likeliest path, as far as it is more likely accepted than not."""
+        path, parent = [], -1
+        while True:
+            best = max((k for k, n in enumerate(self._merged) if n.parent == parent), default=None,
+                       key=lambda k: self._merged[k].estimate)
+            if best is None or self._merged[best].estimate < LIKELY:
+                return path
+            path.append(self._merged[best].token)
+            parent = best
 
 
 def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:

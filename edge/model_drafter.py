@@ -170,40 +170,45 @@ class ModelDrafter:
         one_forward = self.token_ms or 0.0
         return max(one_forward, tokens * (self.read_ms or one_forward)) if tokens else 0.0
 
-    def _unread(self) -> int:
-        """Committed tokens (drafter ids) the model's cache does not hold yet."""
-        if tuple(self.context) in self._logits:
+    def _unread(self, sequence: list[int] | None = None) -> int:
+        """Tokens (drafter ids) of `sequence` (the committed ones by default) the model's cache lacks."""
+        sequence = self.context if sequence is None else sequence
+        if tuple(sequence) in self._logits:
             return 0
         held = 0
-        for a, b in zip(self.model.tokens, self.context):
+        for a, b in zip(self.model.tokens, sequence):
             if a != b:
                 break
             held += 1
-        return len(self.context) - held
+        return len(sequence) - held
 
-    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS) -> None:
+    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = ()) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
         `steps` forwards (the first reads what was committed since the model last ran, in forwards of
         CATCH_UP_BATCH tokens that a verdict also stops). A sequence's likelihood is the product of its
         tokens' calibrated probabilities; each computed one offers its SPECULATION_BRANCH most likely
         continuations. The last draft's own nodes are among them, their logits known already: the verdict
-        most often ends inside them, with a bonus token the drafter had as a runner-up there."""
+        most often ends inside them, with a bonus token the drafter had as a runner-up there.
+        `then`: target ids the verdict will most likely commit, which another drafter proposed (the hybrid's
+        retrieval): they are read too, and the sequences begin after them (a verdict that takes only part
+        of them still finds that part read: the model's cache keeps the longest common prefix)."""
         if not self.context or not self.ready(timeout=0):
             return
+        base = self.bridge.preview(then) if then else self.context
         # A forward started just before the verdict delays the next round: start none that would end after
         # the verdict's expected time.
         deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
         # First, read what was committed since the model last ran: many rounds' tokens after a long prompt
         # read, or while the hybrid lets the model rest, which one forward would not finish by the verdict.
-        if unread := self._unread():
+        if unread := self._unread(base):
             start = time.perf_counter()
-            done = self.model.prefill(self.context, lambda: stop() or time.perf_counter() > deadline, CATCH_UP_BATCH)
-            if (read := unread - self._unread()) > 1:  # a single token is a forward, not a batch's share
+            done = self.model.prefill(base, lambda: stop() or time.perf_counter() > deadline, CATCH_UP_BATCH)
+            if (read := unread - self._unread(base)) > 1:  # a single token is a forward, not a batch's share
                 self.read_ms = moving_average(self.read_ms, (time.perf_counter() - start) * 1e3 / read)
             if not done:
                 return
-        frontier = [(-1.0, tuple(self.context))]
+        frontier = [(-1.0, tuple(base))]
         forwards = 0
         while frontier and forwards < steps and not stop() and time.perf_counter() < deadline:
             neg_likelihood, sequence = heapq.heappop(frontier)

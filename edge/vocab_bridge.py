@@ -72,6 +72,10 @@ class SameVocab:
         self.ids.extend(target_ids)
         return self.ids
 
+    def preview(self, target_ids: list[int]) -> list[int]:
+        """The drafter's context if `target_ids` were committed next (nothing is committed)."""
+        return self.ids + list(target_ids)
+
 
 class CrossVocab:
     cross = True
@@ -133,6 +137,14 @@ class CrossVocab:
             self.ends.append(end)
         self._checked = len(self.ids)
         return self.ids
+
+    def preview(self, target_ids: list[int]) -> list[int]:
+        """The drafter's context if `target_ids` were committed next (nothing is committed)."""
+        state = self.committed, list(self.ids), list(self.ends), self._checked
+        try:
+            return list(self.commit(target_ids))
+        finally:
+            self.committed, self.ids, self.ends, self._checked = state
 
     def _spell(self, text: bytes, start: int) -> list[tuple[int, int]]:
         """Drafter ids for `text` (which begins at byte `start` of the committed text), each with the byte

@@ -38,8 +38,9 @@ class Scripted:
     def end(self) -> None:
         pass
 
-    def speculate(self, stop, steps: int) -> None:
+    def speculate(self, stop, steps: int, then=()) -> None:
         self.speculated.append(steps)
+        self.read_ahead = list(then)
 
     def behind_ms(self) -> tuple[float, float]:
         return 0.0, 0.0
@@ -141,8 +142,8 @@ class TimedModel(Scripted):
         self.unread_before_verdict += self.verdict_tokens
         self.verdict_tokens = len(result.tokens)
 
-    def speculate(self, stop, steps: int) -> None:
-        super().speculate(stop, steps)
+    def speculate(self, stop, steps: int, then=()) -> None:
+        super().speculate(stop, steps, then)
         self.unread_before_verdict = self.verdict_tokens = 0  # all that was committed before this pass
 
     def behind_ms(self) -> tuple[float, float]:
