@@ -12,20 +12,20 @@ draft is confident the model rarely adds a token, so each round the hybrid asks 
 Per bucket of retrieval's expected accepted tokens E it measures G, the tokens the verifier accepted
 beyond retrieval's own nodes when the model drafted (a mean over the last few such rounds), and the
 round's time from sending the tree to the verdict, with the model (R_m: its nodes make the pass longer,
-its speculation may outlast the pass) and without (R); D is the model's drafting time, besides
-reading what was committed (counted apart, as it varies from round to round). The model pays
-when (1 + E + G) / (R_m + D) beats (1 + E) / R. A fresh hybrid measures once (two rounds with the model,
-one without); a bucket without figures of its own takes all buckets' (its G starts from their mean, worth
-PRIOR_ROUNDS of its own rounds), so it decides at once. Where the model does not pay, a round with it loses
-R_m + D - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
-that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
+its speculation may outlast the pass) and without (R); D is the model's drafting time and B what it has
+to read first (committed tokens it did not read during the pass: a verdict's tokens beyond those it read
+ahead). The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures once
+(two rounds with the model, one without), then each bucket drafts with the model once (G differs most
+between buckets); until a bucket has more figures of its own it takes all buckets' (its G starts from
+their mean, worth PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with it loses
+R_m + D + B - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have
+set that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
 cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
-tokens per pass). A model that does not draft keeps up with the committed text during the verifier's
-pass (not speculating beyond it) only while it is wanted: where it pays or an exploring round is due, or
-was lately. Otherwise it rests, reading nothing (on a shared machine, reading beside the pass slows it);
-the round that drafts after a rest pays for reading the backlog, and an exploring round charges that to
-its bucket's budget, so a model far from paying (where retrieval commits many tokens a pass) costs nearly
-nothing there.
+tokens per pass).
+
+During the verifier's pass the model reads what the verdict most likely commits (the merged tree's path as
+far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
+that the next round with the model does not begin by reading it; a drafting model speculates beyond it.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -62,9 +62,6 @@ EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, sp
 PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
-PAID_FORGET = 0.8  # per round: how fast "the model paid lately" fades
-PAID_LATELY = 0.2  # a model that does not pay keeps reading while it paid in this share of recent rounds
-DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
 
 
@@ -80,41 +77,25 @@ class HybridDrafter:
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
-        self._mode = READ  # this round's DRAFT, READ or REST
-        self._behind_ms = (0.0, 0.0)  # ModelDrafter.behind_ms() this round
-        self._paid_lately = 0.0  # decayed share of recent rounds in which the model paid
+        self._behind_ms = 0.0  # what the model reads before it can draft this round
 
     @property
     def hints_top_k(self) -> int:
         """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
         return self.sources[0].hints_top_k
 
-    def _model_round(self, expected: float) -> str:
-        """What the model does this round: DRAFT, READ (only catch up on the committed text during the pass,
-        so that a round it drafts soon does not begin by reading many rounds' worth of tokens) or REST."""
-        draft, pays, due = self._model_pays(expected)
-        # Catching up during the pass costs little (the edge waits for the verdict anyway), reading at draft
-        # time costs the round all of it, never reading costs nothing: read while the model pays here or did
-        # lately (retrieval's confidence moves between buckets), or an exploring round is due.
-        lately = self._paid_lately >= PAID_LATELY
-        self._paid_lately = PAID_FORGET * self._paid_lately + (1 - PAID_FORGET) * pays
-        return DRAFT if draft else READ if pays or due or lately else REST
-
-    def _model_pays(self, expected: float) -> tuple[bool, bool, bool]:
-        """(whether the model drafts this round, whether it pays here, whether an exploring round is due
-        here), the last two regardless of what the model has to read before it could draft."""
+    def _model_pays(self, expected: float) -> bool:
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
-            return True, True, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
+            return True  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
-            return False, True, False  # a round without the model, which times R
-        now, floor = self._behind_ms
-        if not self._gain[b, 1]:  # G differs most between buckets: each measures it once, when caught up
-            return now <= floor, False, True
-        # A bucket's own figures where it has them, all buckets' until then: only G is expected to differ
-        # much between buckets, and it starts from the mean of all of them, worth PRIOR_ROUNDS of its own.
-        # The model's nodes and speculation can only delay the verdict: a pass that took less time with
-        # them committed fewer tokens (a pass's time grows with what it commits), which says nothing of them.
+            return False  # a round without the model, which times R
+        if not self._gain[b, 1]:  # G differs most between buckets: each measures it once
+            return True
+        # A bucket's own figures where it has them, all buckets' until then: G starts from the mean of all
+        # buckets', worth PRIOR_ROUNDS of its own. The model's nodes and speculation can only delay the
+        # verdict: a round that took less time with them committed fewer tokens (a pass's time grows with
+        # what it commits), which says nothing of them.
         without, with_model = self._round_ms[b]
         if np.isnan(without):
             without = self._round_ms[ALL, 0]
@@ -124,20 +105,15 @@ class HybridDrafter:
         mean_gain = self._gain[ALL, 0] / self._gain[ALL, 1]
         gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
-        # besides reading what was committed since the model last ran: at least the last verdict's tokens
-        # that its speculation did not compute (`floor`), and all of a rest's (`now`).
-        loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
-        pays = loss + floor < 0
-        if not pays:
-            self._explore_ms[b] += EXPLORE_SHARE * without
-        due = not pays and self._explore_ms[b] >= loss + floor
-        # The round that drafts pays for the reading, and so does the explore budget when it explores.
-        if loss + now < 0:
-            return True, pays, due
-        if self._explore_ms[b] >= loss + now:  # G stays measured, at no more than EXPLORE_SHARE of the time
-            self._explore_ms[b] -= loss + now
-            return True, pays, due
-        return False, pays, due
+        # the reading it has to do first included (the last verdict's tokens that it did not read ahead)
+        loss = with_model + self.model_ms + self._behind_ms - without * (1 + expected + gain) / (1 + expected)
+        if loss < 0:
+            return True
+        self._explore_ms[b] += EXPLORE_SHARE * without
+        if self._explore_ms[b] >= loss:  # G stays measured, at no more than EXPLORE_SHARE of the time
+            self._explore_ms[b] -= loss
+            return True
+        return False
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round = True
@@ -150,12 +126,11 @@ class HybridDrafter:
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
         self._behind_ms = model.behind_ms()
-        self._mode = self._model_round(expected)
-        if self._mode == DRAFT:
+        if self._model_pays(expected):
             start = time.perf_counter()
             drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
-                ms = (time.perf_counter() - start) * 1e3 - self._behind_ms[0]
+                ms = (time.perf_counter() - start) * 1e3 - self._behind_ms
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         self._drafts = (retrieved, drafted)
         nodes: list[_Merged] = []
@@ -243,13 +218,12 @@ class HybridDrafter:
             source.end()
 
     def speculate(self, stop: Callable[[], bool]) -> None:
-        # Retrieval has nothing to compute ahead. The model, unless it rests (reading beside the pass slows
-        # the pass on a shared machine), reads ahead what the verdict most likely commits, so that a round
-        # it drafts next does not begin by reading it (retrieval's verdicts run to tens of tokens); a model
-        # that is not drafting reads only that (one forward), a drafting one speculates beyond it.
+        # Retrieval has nothing to compute ahead. The model reads ahead what the verdict most likely commits
+        # (retrieval's verdicts run to tens of tokens), so that a round it drafts does not begin by reading
+        # it; when it is not drafting it does only that (and reads what was committed since it last ran).
+        # Reading beside the verifier costs the pass next to nothing: bench/read_contention.py.
         drafting = bool(self._drafts and len(self._drafts[1]))
-        if drafting or self._mode != REST:
-            self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
+        self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
 
     def _likely_verdict(self) -> list[int]:
         """The tokens of the merged tree's likeliest path, as far as it is more likely accepted than not."""

@@ -77,7 +77,6 @@ class ModelDrafter:
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self.read_ms: float | None = None  # per committed token, read in CATCH_UP_BATCH forwards
-        self._verdict_tokens = 0  # drafter tokens the last verdict committed
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
         self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
@@ -142,9 +141,7 @@ class ModelDrafter:
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
-        before = len(self.context)
         self.context = self.bridge.commit(result.tokens)
-        self._verdict_tokens = max(0, len(self.context) - before)
         known = tuple(self.context)
         self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
@@ -155,20 +152,14 @@ class ModelDrafter:
     def end(self) -> None:
         self._logits.clear()
 
-    def behind_ms(self) -> tuple[float, float]:
-        """The time a draft now would spend reading committed text first, and the part of it that catching
-        up during the verifier's pass would not save (the last verdict's tokens, which come after the pass):
-        a drafting model reads the verdict's tokens its speculation did not compute, a model that did not
-        keep up (the hybrid's resting model) more. (0, 0) while the prompt is still being read in the
-        background (no draft comes then)."""
-        if self._reader is not None and self._reader.is_alive():
-            return 0.0, 0.0
-        unread = self._unread()
-        return self._reading_ms(unread), self._reading_ms(min(unread, self._verdict_tokens))
-
-    def _reading_ms(self, tokens: int) -> float:
+    def behind_ms(self) -> float:
+        """The time a draft now would spend reading committed text first (what it did not read ahead during
+        the pass, such as the verdict's tokens beyond those it expected); 0 while the prompt is still being
+        read in the background (no draft comes then)."""
+        if self._reader is not None and self._reader.is_alive() or not (unread := self._unread()):
+            return 0.0
         one_forward = self.token_ms or 0.0
-        return max(one_forward, tokens * (self.read_ms or one_forward)) if tokens else 0.0
+        return max(one_forward, unread * (self.read_ms or one_forward))
 
     def _unread(self, sequence: list[int] | None = None) -> int:
         """Tokens (drafter ids) of `sequence` (the committed ones by default) the model's cache lacks."""

@@ -107,6 +107,27 @@ def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_
     assert drafter.model.tokens[: len(prompt) + len(committed)] == prompt + committed
 
 
+def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(real_model):
+    """During the pass the model reads the tokens another drafter expects the verdict to commit (`then`): a
+    verdict that takes them, or part of them, leaves only the rest to read before the next draft (the
+    model's cache keeps the longest common prefix)."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    assert drafter.ready(timeout=60)
+    drafter.round_ms = 600_000.0  # the verdict is the only stop, whatever the host's speed
+    likely = edge_tokenizer.encode(" a cat, because cats are quiet")
+    for taken, bonus in ((likely, 13), (likely[:3], 7)):
+        drafter.speculate(stop=lambda: True, steps=1, then=likely)
+        assert drafter.model.tokens[-len(likely):] == likely
+        drafter.observe(DraftTree.empty(), StepResult(tokens=[*taken, bonus], accepted=[], compute_ms=50.0))
+        assert drafter._unread() == 1  # the bonus token
+        assert drafter.behind_ms() > 0
+        drafter.propose()
+        assert drafter._unread() == 0 and drafter.behind_ms() == 0
+
+
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
     """The target's exact p(x1) and, for its `firsts` most likely x1, p(x1, x2)."""
     with torch.inference_mode():

@@ -126,7 +126,9 @@ def test_the_drafter_context_follows_committed_text_in_any_pieces(bridge, target
         assert b"".join(bridge.drafter_bytes[t] for t in context) == b""
         at = 0
         for size in pieces + [len(ids)]:
+            previewed = bridge.preview(ids[at : at + size])  # commits nothing: the commit below gives the same
             context = bridge.commit(ids[at : at + size])
+            assert previewed == context
             at = min(len(ids), at + size)
             committed = b"".join(bridge.target_bytes[t] for t in ids[:at])
             assert b"".join(bridge.drafter_bytes[t] for t in context) == _spellable(complete_utf8(committed))
