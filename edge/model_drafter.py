@@ -48,7 +48,7 @@ SIBLING_MIN = 0.1  # a runner-up (or further draw) becomes a sibling when its pr
 PROPOSAL_TOKENS = 32  # q keeps at most this many tokens ...
 PROPOSAL_MASS = 0.999  # ... and no more than it needs to reach this much of the drafter's probability
 ALTERNATIVE_PENALTY = 0.5  # a second tokenisation of the same drafted text is the less likely one
-CATCH_UP_BATCH = 8  # tokens per forward while catching up in the verifier's time (stoppable between them)
+CATCH_UP_BATCH = 4  # most tokens per forward while catching up in the verifier's time (stoppable between them)
 SPECULATION_STEPS = 16  # most forwards while a tree is verified (a verdict stops it sooner)
 SPECULATION_BRANCH = 2  # continuations of each speculated sequence worth computing next
 
@@ -190,15 +190,21 @@ class ModelDrafter:
         # A forward started just before the verdict delays the next round: start none that would end after
         # the verdict's expected time.
         deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
-        # First, read what was committed since the model last ran: many rounds' tokens after a long prompt
-        # read, or while the hybrid lets the model rest, which one forward would not finish by the verdict.
-        if unread := self._unread(base):
-            start = time.perf_counter()
-            done = self.model.prefill(base, lambda: stop() or time.perf_counter() > deadline, CATCH_UP_BATCH)
-            if (read := unread - self._unread(base)) > 1:  # a single token is a forward, not a batch's share
-                self.read_ms = moving_average(self.read_ms, (time.perf_counter() - start) * 1e3 / read)
-            if not done:
+        # First, read what was committed since the model last ran (many rounds' tokens after a long prompt
+        # read) and what the verdict will likely commit, in batches that end by the verdict's expected time:
+        # a batch cannot be stopped, and one that outlasts the pass delays the next round.
+        first = True
+        while unread := self._unread(base):
+            per_token = self.read_ms or self.token_ms
+            room = (deadline - time.perf_counter()) * 1e3
+            size = min(CATCH_UP_BATCH, unread, int(room / per_token) if per_token else CATCH_UP_BATCH)
+            if size < 1 or (not first and stop()):
                 return
+            first = False
+            start = time.perf_counter()
+            self.model.prefill(base[: len(base) - unread + size])
+            if size > 1:  # a single token is a forward, not a batch's share
+                self.read_ms = moving_average(self.read_ms, (time.perf_counter() - start) * 1e3 / size)
         frontier = [(-1.0, tuple(base))]
         forwards = 0
         while frontier and forwards < steps and not stop() and time.perf_counter() < deadline:

@@ -119,7 +119,7 @@ def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(re
     drafter.round_ms = 600_000.0  # the verdict is the only stop, whatever the host's speed
     likely = edge_tokenizer.encode(" a cat, because cats are quiet")
     for taken, bonus in ((likely, 13), (likely[:3], 7)):
-        drafter.speculate(stop=lambda: True, steps=1, then=likely)
+        drafter.speculate(stop=lambda: False, steps=1, then=likely)
         assert drafter.model.tokens[-len(likely):] == likely
         drafter.observe(DraftTree.empty(), StepResult(tokens=[*taken, bonus], accepted=[], compute_ms=50.0))
         assert drafter._unread() == 1  # the bonus token
