@@ -176,8 +176,8 @@ class ModelDrafter:
     def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = ()) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
-        `steps` forwards (the first reads what was committed since the model last ran, in forwards of
-        CATCH_UP_BATCH tokens that a verdict also stops). A sequence's likelihood is the product of its
+        `steps` forwards (first it reads what was committed since the model last ran, in forwards of up to
+        CATCH_UP_BATCH tokens, each sized to end by the verdict's expected time). A sequence's likelihood is the product of its
         tokens' calibrated probabilities; each computed one offers its SPECULATION_BRANCH most likely
         continuations. The last draft's own nodes are among them, their logits known already: the verdict
         most often ends inside them, with a bonus token the drafter had as a runner-up there.
