@@ -221,7 +221,8 @@ class HybridDrafter:
         # Retrieval has nothing to compute ahead. The model reads ahead what the verdict most likely commits
         # (retrieval's verdicts run to tens of tokens), so that a round it drafts does not begin by reading
         # it; when it is not drafting it does only that (and reads what was committed since it last ran).
-        # Reading beside the verifier costs the pass next to nothing: bench/read_contention.py.
+        # On separate machines that reading is free; on two cores of one machine (the benchmarks) it slows
+        # the verifier's passes (BENCHMARKS.md section 6, "Reading counted against the model").
         drafting = bool(self._drafts and len(self._drafts[1]))
         self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
 
