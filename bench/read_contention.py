@@ -7,6 +7,11 @@ verifier run on two cores of one machine, which share caches and memory bandwidt
 Gemma 3's verification passes (a 16-token chain after a 300-token prefix, one thread on core 1) are timed
 alone and while SmolLM2's GGUF (llama.cpp, one thread on core 0) reads tokens in 8-token batches without
 pause, interleaved, `--reps` times; medians per pass. Linux only (taskset).
+
+It measured +3% (BENCHMARKS.md section 6), far less than the benchmark itself shows: there the verifier's
+reported per-pass compute was ~15% higher for the same trees while the hybrid's model read beside it. What
+this probe misses of the real setting is not known yet (the verifier as a gRPC server process, its shorter
+passes, the reader's pace): read its figure as a lower bound.
 """
 
 from __future__ import annotations
