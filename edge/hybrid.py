@@ -77,14 +77,14 @@ class HybridDrafter:
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
-        self._behind_ms = 0.0  # what the model reads before it can draft this round
 
     @property
     def hints_top_k(self) -> int:
         """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
         return self.sources[0].hints_top_k
 
-    def _model_pays(self, expected: float) -> bool:
+    def _model_pays(self, expected: float, behind_ms: float) -> bool:
+        """`behind_ms`: what the model would read before it could draft (ModelDrafter.behind_ms)."""
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
             return True  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
@@ -106,7 +106,7 @@ class HybridDrafter:
         gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # the reading it has to do first included (the last verdict's tokens that it did not read ahead)
-        loss = with_model + self.model_ms + self._behind_ms - without * (1 + expected + gain) / (1 + expected)
+        loss = with_model + self.model_ms + behind_ms - without * (1 + expected + gain) / (1 + expected)
         if loss < 0:
             return True
         self._explore_ms[b] += EXPLORE_SHARE * without
@@ -125,12 +125,12 @@ class HybridDrafter:
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
-        self._behind_ms = model.behind_ms()
-        if self._model_pays(expected):
+        behind_ms = model.behind_ms()
+        if self._model_pays(expected, behind_ms):
             start = time.perf_counter()
             drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
-                ms = (time.perf_counter() - start) * 1e3 - self._behind_ms
+                ms = (time.perf_counter() - start) * 1e3 - behind_ms
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         self._drafts = (retrieved, drafted)
         nodes: list[_Merged] = []

@@ -156,7 +156,7 @@ class ModelDrafter:
         """The time a draft now would spend reading committed text first (what it did not read ahead during
         the pass, such as the verdict's tokens beyond those it expected); 0 while the prompt is still being
         read in the background (no draft comes then)."""
-        if self._reader is not None and self._reader.is_alive() or not (unread := self._unread()):
+        if (self._reader is not None and self._reader.is_alive()) or not (unread := self._unread()):
             return 0.0
         one_forward = self.token_ms or 0.0
         return max(one_forward, unread * (self.read_ms or one_forward))

@@ -83,9 +83,9 @@ def test_the_first_rounds_go_without_model_drafts_while_the_drafter_reads_the_pr
 
 
 def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_model):
-    """Rounds the model sat out (a long prompt read, or the hybrid resting it) leave many committed tokens
-    unread: speculation reads them in forwards of CATCH_UP_BATCH and stops between two once the verdict is
-    in, instead of delaying the next round by one long forward."""
+    """Rounds the model sat out (a long prompt read, or verdicts longer than a pass could read) leave many
+    committed tokens unread: speculation reads them in forwards of CATCH_UP_BATCH and stops between two once
+    the verdict is in, instead of delaying the next round by one long forward."""
     hf, tokenizer = real_model("smollm2-135m")
     edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
     drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
