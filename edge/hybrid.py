@@ -26,6 +26,12 @@ tokens per pass).
 During the verifier's pass the model reads what the verdict most likely commits (the merged tree's path as
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
 that the next round with the model does not begin by reading it; a drafting model speculates beyond it.
+A model that does not draft reads only while it is wanted: where it pays or an exploring round is due
+(but it has too much to read first: it reads during this pass and drafts in the next round), or was so
+within the last WANTED_LATELY rounds (retrieval's confidence moves between buckets from round to round).
+Otherwise it rests, reading nothing: reading beside the verifier's pass costs the edge nothing on its own
+device, but on a machine shared with the verifier (the benchmarks' two cores) it slows the pass by ~15%
+(BENCHMARKS.md section 6). What a rest leaves unread counts against the round that drafts after it (B).
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -63,6 +69,8 @@ PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in r
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
+WANTED_LATELY = 4  # rounds after it was last wanted that a model which does not draft keeps reading
+DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
 
 class HybridDrafter:
@@ -77,21 +85,35 @@ class HybridDrafter:
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
+        self._mode = READ  # this round's DRAFT, READ or REST
+        self._round = self._wanted_round = 0  # rounds proposed; the last one in which the model was wanted
 
     @property
     def hints_top_k(self) -> int:
         """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
         return self.sources[0].hints_top_k
 
-    def _model_pays(self, expected: float, behind_ms: float) -> bool:
-        """`behind_ms`: what the model would read before it could draft (ModelDrafter.behind_ms)."""
+    def _model_round(self, expected: float, behind_ms: float) -> str:
+        """What the model does this round: DRAFT, READ (it does not draft, but reads during the pass what it
+        would have to read before a draft) or REST. `behind_ms`: what the model would read before it could
+        draft now (ModelDrafter.behind_ms)."""
+        self._round += 1
+        mode = self._wanted_for(expected, behind_ms)
+        if mode != REST:
+            self._wanted_round = self._round
+        elif self._round - self._wanted_round <= WANTED_LATELY:
+            mode = READ
+        return mode
+
+    def _wanted_for(self, expected: float, behind_ms: float) -> str:
+        """DRAFT, READ or REST by this round's figures alone."""
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
-            return True  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
+            return DRAFT  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
-            return False  # a round without the model, which times R
-        if not self._gain[b, 1]:  # G differs most between buckets: each measures it once
-            return True
+            return READ  # a round without the model, which times R
+        if not self._gain[b, 1]:  # G differs most between buckets: each measures it once, not after a rest
+            return DRAFT if behind_ms <= self.model_ms else READ
         # A bucket's own figures where it has them, all buckets' until then: G starts from the mean of all
         # buckets', worth PRIOR_ROUNDS of its own. The model's nodes and speculation can only delay the
         # verdict: a round that took less time with them committed fewer tokens (a pass's time grows with
@@ -105,15 +127,17 @@ class HybridDrafter:
         mean_gain = self._gain[ALL, 0] / self._gain[ALL, 1]
         gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
-        # the reading it has to do first included (the last verdict's tokens that it did not read ahead)
-        loss = with_model + self.model_ms + behind_ms - without * (1 + expected + gain) / (1 + expected)
-        if loss < 0:
-            return True
-        self._explore_ms[b] += EXPLORE_SHARE * without
-        if self._explore_ms[b] >= loss:  # G stays measured, at no more than EXPLORE_SHARE of the time
-            self._explore_ms[b] -= loss
-            return True
-        return False
+        # had it read everything committed; drafting now costs the reading it has to do first on top
+        loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
+        if loss >= 0:
+            self._explore_ms[b] += EXPLORE_SHARE * without
+        if loss + behind_ms < 0:
+            return DRAFT
+        if loss >= 0 and self._explore_ms[b] >= loss + behind_ms:  # G stays measured, at no more than
+            self._explore_ms[b] -= loss + behind_ms  # EXPLORE_SHARE of the time
+            return DRAFT
+        # It would draft had it read everything, or an exploring round is due: it reads during this pass.
+        return READ if loss < 0 or self._explore_ms[b] >= loss else REST
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round = True
@@ -126,7 +150,8 @@ class HybridDrafter:
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
         behind_ms = model.behind_ms()
-        if self._model_pays(expected, behind_ms):
+        self._mode = self._model_round(expected, behind_ms)
+        if self._mode == DRAFT:
             start = time.perf_counter()
             drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
@@ -220,11 +245,11 @@ class HybridDrafter:
     def speculate(self, stop: Callable[[], bool]) -> None:
         # Retrieval has nothing to compute ahead. The model reads ahead what the verdict most likely commits
         # (retrieval's verdicts run to tens of tokens), so that a round it drafts does not begin by reading
-        # it; when it is not drafting it does only that (and reads what was committed since it last ran).
-        # On separate machines that reading is free; on two cores of one machine (the benchmarks) it slows
-        # the verifier's passes (BENCHMARKS.md section 6, "Reading counted against the model").
+        # it; when it is not drafting it does only that (and reads what was committed since it last ran),
+        # and a resting model nothing.
         drafting = bool(self._drafts and len(self._drafts[1]))
-        self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
+        if drafting or self._mode != REST:
+            self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
 
     def _likely_verdict(self) -> list[int]:
         """The tokens of the merged tree's likeliest path, as far as it is more likely accepted than not."""

@@ -10,7 +10,7 @@ import pytest
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
-from specedge.edge.hybrid import EXPLORE_SHARE, HybridDrafter
+from specedge.edge.hybrid import EXPLORE_SHARE, WANTED_LATELY, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
@@ -228,16 +228,36 @@ def test_each_bucket_of_retrievals_confidence_measures_the_model_once(monkeypatc
     assert drafted == [*range(MEASURED), 8]
 
 
+def test_a_model_wanted_after_a_rest_reads_during_the_pass_before_it_drafts(monkeypatch):
+    """As above, but reading costs the model 25 ms a token. After measuring it reads for WANTED_LATELY rounds,
+    then rests (round 7), reading nothing: the verdict's 4 tokens stay unread. When retrieval becomes less
+    sure (round 8, a bucket not measured yet) the model is wanted, but drafting would first read 5 tokens
+    (125 ms, more than its 50 ms of drafting): it reads them during that round's pass and drafts in the
+    next."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    less_sure = DraftTree(RETRIEVAL.tokens, RETRIEVAL.parents, accept_probs=[0.6, 0.5, 0.3, 0.1])
+    model = TimedModel(MODEL_ADDS, clock, read_ms=25.0)
+    hybrid = HybridDrafter(Sequence(*[RETRIEVAL] * 8, less_sure), model, max_nodes=64)
+    hybrid.begin([1])
+    did = model_rounds(hybrid, model, 10, take=(10, 11, 12))
+    assert did == ["draft"] * MEASURED + ["read"] * (1 + WANTED_LATELY) + ["rest", "read", "draft"]
+
+
 def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
     """`rounds` rounds of 100 ms in which the verifier commits `take` (and a bonus token); the rounds the model
     drafted."""
-    drafted = []
-    for r in range(rounds):
-        before = model.proposed
+    return [r for r, did in enumerate(model_rounds(hybrid, model, rounds, take)) if did == "draft"]
+
+
+def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[str]:
+    """As run_rounds; what the model did in each round: "draft", "read" (during the pass, without drafting) or
+    "rest"."""
+    did = []
+    for _ in range(rounds):
+        proposed, speculated = model.proposed, len(model.speculated)
         tree = hybrid.propose()
         hybrid.speculate(lambda: True)
-        if model.proposed > before:
-            drafted.append(r)
+        did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) > speculated else "rest")
         accepted = []
         for token in take:
             parent = accepted[-1] if accepted else -1
@@ -247,7 +267,7 @@ def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tupl
             accepted.append(child)
         model.clock.spend(100.0)
         hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], 99], accepted=accepted, compute_ms=100.0))
-    return drafted
+    return did
 
 
 @pytest.mark.parametrize("model_ms", [50.0, 10.0])
@@ -255,20 +275,25 @@ def test_exploring_where_the_model_does_not_pay_costs_a_bounded_share_of_the_tim
     """Where retrieval is confident and right, the model adds nothing, and a round with it loses its
     drafting time (the pass takes 100 ms either way). After MEASURED rounds it still drafts now and then,
     so that what it adds stays measured, spending at most EXPLORE_SHARE of the time (and not much less);
-    a cheaper model explores more often. Only the rounds it drafts does it speculate in (in the others it
-    only reads: one forward)."""
+    a cheaper model explores more often. Only the rounds it drafts does it speculate in; after a round that
+    explores it keeps reading (one forward beyond the verdict) for WANTED_LATELY rounds, then rests."""
     monkeypatch.setattr(hybrid_module, "time", clock := Clock())
     model = TimedModel(MODEL_ADDS, clock, model_ms)
     hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
     hybrid.begin([1])
     rounds = 1000
-    drafted = run_rounds(hybrid, model, rounds, take=(10, 11, 12))
+    did = model_rounds(hybrid, model, rounds, take=(10, 11, 12))
+    drafted = [r for r, what in enumerate(did) if what == "draft"]
     assert drafted[:MEASURED] == list(range(MEASURED))
     exploring = len(drafted) - MEASURED
     budget = (rounds - MEASURED - 1) * EXPLORE_SHARE * 100.0  # after the round without the model that times R
     assert budget - model_ms < exploring * model_ms <= budget
-    assert [r for r, steps in enumerate(model.speculated) if steps == SPECULATION_STEPS] == drafted
-    assert set(model.speculated) == {1, SPECULATION_STEPS}
+    assert [steps for steps in model.speculated if steps != 1] == [SPECULATION_STEPS] * len(drafted)
+    # The round after measuring (which times R without the model) reads, and so do the WANTED_LATELY rounds
+    # after it and after each exploring round.
+    wanted = [MEASURED, *drafted[MEASURED:]]
+    lately = {r + k for r in wanted for k in range(1, WANTED_LATELY + 1) if r + k < rounds}
+    assert [r for r, what in enumerate(did) if what == "read"] == sorted({MEASURED} | lately - set(drafted))
 
 
 def test_a_model_whose_nodes_lengthen_the_pass_more_than_they_add_stops_drafting(monkeypatch):
