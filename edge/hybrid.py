@@ -27,8 +27,9 @@ During the verifier's pass the model reads what the verdict most likely commits 
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
 that the next round with the model does not begin by reading it; a drafting model speculates beyond it.
 A model that does not draft reads only while it is wanted: where it pays or an exploring round is due
-(but it has too much to read first: it reads during this pass and drafts in the next round), or was so
-within the last WANTED_LATELY rounds (retrieval's confidence moves between buckets from round to round).
+(but it has too much to read first: it reads during this pass and drafts in the next round), or where it
+paid within the last WANTED_LATELY rounds (retrieval's confidence moves between buckets from round to
+round).
 Otherwise it rests, reading nothing: reading beside the verifier's pass costs the edge nothing on its own
 device, but on a machine shared with the verifier (the benchmarks' two cores) it slows the pass by ~15%
 (BENCHMARKS.md section 6). What a rest leaves unread counts against the round that drafts after it (B).
@@ -69,7 +70,7 @@ PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in r
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
-WANTED_LATELY = 4  # rounds after it was last wanted that a model which does not draft keeps reading
+WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
 
@@ -86,7 +87,7 @@ class HybridDrafter:
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
         self._mode = READ  # this round's DRAFT, READ or REST
-        self._round = self._wanted_round = 0  # rounds proposed; the last one in which the model was wanted
+        self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
 
     @property
     def hints_top_k(self) -> int:
@@ -98,22 +99,23 @@ class HybridDrafter:
         would have to read before a draft) or REST. `behind_ms`: what the model would read before it could
         draft now (ModelDrafter.behind_ms)."""
         self._round += 1
-        mode = self._wanted_for(expected, behind_ms)
-        if mode != REST:
-            self._wanted_round = self._round
-        elif self._round - self._wanted_round <= WANTED_LATELY:
+        mode, pays = self._wanted_for(expected, behind_ms)
+        if pays:
+            self._paid_round = self._round
+        elif mode == REST and self._paid_round is not None and self._round - self._paid_round <= WANTED_LATELY:
             mode = READ
         return mode
 
-    def _wanted_for(self, expected: float, behind_ms: float) -> str:
-        """DRAFT, READ or REST by this round's figures alone."""
+    def _wanted_for(self, expected: float, behind_ms: float) -> tuple[str, bool]:
+        """DRAFT, READ or REST by this round's figures alone, and whether the model pays here (had it read
+        everything committed)."""
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
-            return DRAFT  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
+            return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
-            return READ  # a round without the model, which times R
+            return READ, False  # a round without the model, which times R
         if not self._gain[b, 1]:  # G differs most between buckets: each measures it once, not after a rest
-            return DRAFT if behind_ms <= self.model_ms else READ
+            return DRAFT if behind_ms <= self.model_ms else READ, False
         # A bucket's own figures where it has them, all buckets' until then: G starts from the mean of all
         # buckets', worth PRIOR_ROUNDS of its own. The model's nodes and speculation can only delay the
         # verdict: a round that took less time with them committed fewer tokens (a pass's time grows with
@@ -131,18 +133,21 @@ class HybridDrafter:
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
         if loss >= 0:
             self._explore_ms[b] += EXPLORE_SHARE * without
+        pays = loss < 0
         if loss + behind_ms < 0:
-            return DRAFT
-        if loss >= 0 and self._explore_ms[b] >= loss + behind_ms:  # G stays measured, at no more than
+            return DRAFT, pays
+        if not pays and self._explore_ms[b] >= loss + behind_ms:  # G stays measured, at no more than
             self._explore_ms[b] -= loss + behind_ms  # EXPLORE_SHARE of the time
-            return DRAFT
+            return DRAFT, pays
         # It would draft had it read everything, or an exploring round is due: it reads during this pass.
-        return READ if loss < 0 or self._explore_ms[b] >= loss else REST
+        return READ if pays or self._explore_ms[b] >= loss else REST, pays
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round = True
-        for source in self.sources:
-            source.begin(prompt_ids, params)
+        retrieval, model = self.sources
+        retrieval.begin(prompt_ids, params)
+        # Once measured, a model reads the prompt only from the first round it drafts or reads in.
+        model.begin(prompt_ids, params, read=self.model_ms is None)
 
     def propose(self) -> DraftTree:
         retrieval, model = self.sources

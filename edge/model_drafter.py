@@ -83,20 +83,41 @@ class ModelDrafter:
         self._stop_reading = threading.Event()
         self._read_error: BaseException | None = None
 
-    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None, read: bool = True) -> None:
+        """`read`: start reading the prompt now; otherwise the first round that drafts or speculates starts
+        it (the hybrid's model, which rests where it does not pay: reading a long prompt beside a verifier
+        on the same machine slows its passes)."""
         self._stop_reader()  # the model is this generation's now; what was read of the last prompt stays cached
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
         self._logits.clear()
         self._prefilled = False
-        if self.prefill_in_background and self.context:
-            self._reader = threading.Thread(target=self._read, args=(list(self.context),), name="drafter-prefill",
-                                            daemon=True)  # a process may exit mid-read: _stop_readers_at_exit
-            self._reader.start()
-            _READING.add(self)
+        if read and self.prefill_in_background and self.context:
+            self._start_reader()
+
+    def _start_reader(self) -> None:
+        self._reader = threading.Thread(target=self._read, args=(list(self.context),), name="drafter-prefill",
+                                        daemon=True)  # a process may exit mid-read: _stop_readers_at_exit
+        self._reader.start()
+        _READING.add(self)
+
+    def _reading_backlog(self) -> bool:
+        """Whether the model is reading committed text in the background: it starts to when more is unread
+        than one verifier pass could read in catch-up forwards (a prompt it did not read at begin, or what a
+        resting model missed), and reads it in the prompt's large batches, its rounds going out without
+        model drafts meanwhile."""
+        if not self.ready(timeout=0):
+            return True
+        if not self.prefill_in_background or not self.context:
+            return False
+        per_token = self.read_ms or self.token_ms  # unknown before the first draft: read at draft time
+        if not per_token or self._unread() * per_token <= (self.round_ms or ROUND_MS_PRIOR):
+            return False
+        self._start_reader()
+        return True
 
     def ready(self, timeout: float | None = None) -> bool:
-        """Wait (up to `timeout` seconds) until the prompt is read; True when it is."""
+        """Wait (up to `timeout` seconds) until the prompt (or a backlog) is read; True when it is."""
         if self._reader is not None:
             self._reader.join(timeout)
             if self._reader.is_alive():
@@ -126,7 +147,7 @@ class ModelDrafter:
         """`alongside`: the tokens the round is expected to commit through another drafter's nodes (the
         hybrid's retrieval): a round that commits more anyway makes each drafted token worth less."""
         self._alongside = alongside
-        if not self.ready(timeout=0):
+        if self._reading_backlog():
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
         if not self.context or (self.bridge.cross and self.bridge.pending):
             return DraftTree.empty()
@@ -184,7 +205,7 @@ class ModelDrafter:
         `then`: target ids the verdict will most likely commit, which another drafter proposed (the hybrid's
         retrieval): they are read too, and the sequences begin after them (a verdict that takes only part
         of them still finds that part read: the model's cache keeps the longest common prefix)."""
-        if not self.context or not self.ready(timeout=0):
+        if not self.context or self._reading_backlog():
             return
         base = self.bridge.preview(then) if then else self.context
         # A forward started just before the verdict delays the next round: start none that would end after

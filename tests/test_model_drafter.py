@@ -222,3 +222,23 @@ def test_what_a_sampled_draft_sends_never_depends_on_what_was_drawn(real_model):
         tokens.add(tuple(tree.tokens[c] for c in root))
     assert len(shapes) == 1 and len(next(iter(shapes))) > 1  # several draws, always the same estimates
     assert len(tokens) > 1  # while the draws themselves differ
+
+
+def test_a_prompt_left_unread_at_begin_is_read_in_the_background_once_the_model_is_used(real_model):
+    """The hybrid's model may rest for a whole generation (reading beside a verifier on the same machine
+    slows its passes), so it can leave the prompt unread at begin. The first round it speculates (or drafts)
+    in, a backlog longer than one pass could read goes to the background reader, in the prompt's large
+    batches; the rounds meanwhile go without model drafts."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    drafter.begin(edge_tokenizer.encode("Say something."), SamplingParams())
+    assert drafter.ready(timeout=60) and len(drafter.propose()) > 0  # times the model's forwards
+    prompt = edge_tokenizer.encode(PROMPT * 8)
+    drafter.begin(prompt, SamplingParams(), read=False)
+    assert drafter.ready(timeout=0) and drafter._unread() > len(prompt) // 2  # nothing is being read
+    drafter.round_ms = 1.0  # one pass reads next to nothing
+    drafter.speculate(stop=lambda: False)
+    assert drafter._reader is not None  # it reads in the background ...
+    assert drafter.ready(timeout=60) and drafter._unread() == 0  # ... all of it
+    assert len(drafter.propose()) > 0
