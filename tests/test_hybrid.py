@@ -10,7 +10,7 @@ import pytest
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
-from specedge.edge.hybrid import EXPLORE_SHARE, WANTED_LATELY, HybridDrafter
+from specedge.edge.hybrid import EXPLORE_SHARE, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
