@@ -29,10 +29,13 @@ that the next round with the model does not begin by reading it; a drafting mode
 A model that does not draft reads only while it is wanted: where it pays or an exploring round is due
 (but it has too much to read first: it reads during this pass and drafts in the next round), or where it
 paid within the last WANTED_LATELY rounds (retrieval's confidence moves between buckets from round to
-round).
-Otherwise it rests, reading nothing: reading beside the verifier's pass costs the edge nothing on its own
-device, but on a machine shared with the verifier (the benchmarks' two cores) it slows the pass by ~15%
-(BENCHMARKS.md section 6). What a rest leaves unread counts against the round that drafts after it (B).
+round). Otherwise it rests, reading nothing, not even a new prompt once the model is measured: reading
+beside the verifier's pass costs the edge nothing on its own device, but on a machine shared with the
+verifier (the benchmarks' two cores) it slows the pass by ~15% (BENCHMARKS.md section 6). What a rest
+leaves unread counts against the round that drafts after it (B), and the budget of an exploring round
+pays for it: B if it is read before drafting, or what reading it during the passes before slows them by
+(measured: rounds in which the model read against rounds in which it rested), which is nothing where edge
+and verifier are separate machines.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -42,6 +45,7 @@ would bias rejection sampling), so it is decided from the retrieval draft alone.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -83,10 +87,12 @@ class HybridDrafter:
         rows = len(EXPECTED_EDGES) + 2  # one per bucket, and the last for all buckets together (ALL)
         self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
+        self._quiet_ms = np.full((rows, 2), np.nan)  # R of rounds without its nodes: it rested, it read (EMAs)
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
         self._mode = READ  # this round's DRAFT, READ or REST
+        self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
 
     @property
@@ -136,11 +142,27 @@ class HybridDrafter:
         pays = loss < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
-        if not pays and self._explore_ms[b] >= loss + behind_ms:  # G stays measured, at no more than
-            self._explore_ms[b] -= loss + behind_ms  # EXPLORE_SHARE of the time
+        if pays:  # it would, had it read everything: it reads during this pass
+            return READ, pays
+        # G stays measured, at no more than EXPLORE_SHARE of the time, what the exploring round has to read
+        # first included: before drafting (on the round's time), or during the passes before it, which
+        # costs what reading slows them by (nothing on separate machines; see _slowed_by_reading).
+        if self._explore_ms[b] >= loss + behind_ms:
+            self._explore_ms[b] -= loss + behind_ms
             return DRAFT, pays
-        # It would draft had it read everything, or an exploring round is due: it reads during this pass.
-        return READ if pays or self._explore_ms[b] >= loss else REST, pays
+        slowed = self._slowed_by_reading(b)
+        reading = slowed * behind_ms if slowed else 0.0  # (behind_ms is infinite while it reads a backlog)
+        if self._explore_ms[b] >= loss + reading:
+            self._explore_ms[b] -= reading
+            return READ, pays
+        return REST, pays
+
+    def _slowed_by_reading(self, b: int) -> float:
+        """By what share the verifier's pass is slower while the model reads beside it, from rounds without
+        the model's nodes in which it read and in which it rested (in bucket `b` where it has both): ~0.15
+        on two cores of one machine (BENCHMARKS.md section 6), nothing where edge and verifier are apart."""
+        rested, read = self._quiet_ms[b] if not np.isnan(self._quiet_ms[b]).any() else self._quiet_ms[ALL]
+        return 0.0 if np.isnan(rested) or np.isnan(read) else max(0.0, read / rested - 1.0)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round = True
@@ -154,8 +176,9 @@ class HybridDrafter:
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
-        behind_ms = model.behind_ms()
+        behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
         self._mode = self._model_round(expected, behind_ms)
+        self._model_read = self._mode != REST or model.reading  # speculate() may start it reading
         if self._mode == DRAFT:
             start = time.perf_counter()
             drafted = model.propose(alongside=expected)
@@ -227,6 +250,9 @@ class HybridDrafter:
             ms = (time.perf_counter() - self._sent_at) * 1e3
             for row in (b, ALL):
                 self._round_ms[row, int(model_sent)] = moving_average(self._round_ms[row, int(model_sent)], ms)
+                if not model_sent:
+                    self._quiet_ms[row, int(self._model_read)] = moving_average(
+                        self._quiet_ms[row, int(self._model_read)], ms)
         self._first_round = False
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)
@@ -253,8 +279,10 @@ class HybridDrafter:
         # it; when it is not drafting it does only that (and reads what was committed since it last ran),
         # and a resting model nothing.
         drafting = bool(self._drafts and len(self._drafts[1]))
+        model = self.sources[1]
         if drafting or self._mode != REST:
-            self.sources[1].speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
+            model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
+        self._model_read = self._mode != REST or model.reading
 
     def _likely_verdict(self) -> list[int]:
         """The tokens of the merged tree's likeliest path, as far as it is more likely accepted than not."""

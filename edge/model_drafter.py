@@ -116,6 +116,11 @@ class ModelDrafter:
         self._start_reader()
         return True
 
+    @property
+    def reading(self) -> bool:
+        """Whether it reads committed text in the background (a prompt, a backlog): no draft comes meanwhile."""
+        return self._reader is not None and self._reader.is_alive()
+
     def ready(self, timeout: float | None = None) -> bool:
         """Wait (up to `timeout` seconds) until the prompt (or a backlog) is read; True when it is."""
         if self._reader is not None:
@@ -177,7 +182,7 @@ class ModelDrafter:
         """The time a draft now would spend reading committed text first (what it did not read ahead during
         the pass, such as the verdict's tokens beyond those it expected); 0 while the prompt is still being
         read in the background (no draft comes then)."""
-        if (self._reader is not None and self._reader.is_alive()) or not (unread := self._unread()):
+        if self.reading or not (unread := self._unread()):
             return 0.0
         one_forward = self.token_ms or 0.0
         return max(one_forward, unread * (self.read_ms or one_forward))
@@ -198,10 +203,11 @@ class ModelDrafter:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
         `steps` forwards (first it reads what was committed since the model last ran, in forwards of up to
-        CATCH_UP_BATCH tokens, each sized to end by the verdict's expected time). A sequence's likelihood is the product of its
-        tokens' calibrated probabilities; each computed one offers its SPECULATION_BRANCH most likely
-        continuations. The last draft's own nodes are among them, their logits known already: the verdict
-        most often ends inside them, with a bonus token the drafter had as a runner-up there.
+        CATCH_UP_BATCH tokens, each sized to end by the verdict's expected time; more than a pass could read
+        goes to the background reader). A sequence's likelihood is the product of its tokens' calibrated
+        probabilities; each computed one offers its SPECULATION_BRANCH most likely continuations. The last
+        draft's own nodes are among them, their logits known already: the verdict most often ends inside
+        them, with a bonus token the drafter had as a runner-up there.
         `then`: target ids the verdict will most likely commit, which another drafter proposed (the hybrid's
         retrieval): they are read too, and the sequences begin after them (a verdict that takes only part
         of them still finds that part read: the model's cache keeps the longest common prefix)."""

@@ -18,6 +18,7 @@ class Scripted:
     """A drafter that proposes a fixed tree and records what it is told."""
 
     round_ms = 100.0  # what a model drafter measures: a round's time besides drafting
+    reading = False  # in the background
 
     def __init__(self, tree: DraftTree) -> None:
         self.tree = tree
@@ -263,9 +264,10 @@ def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tupl
     return [r for r, did in enumerate(model_rounds(hybrid, model, rounds, take)) if did == "draft"]
 
 
-def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[str]:
+def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...],
+                 reading_slows: float = 0.0) -> list[str]:
     """As run_rounds; what the model did in each round: "draft", "read" (during the pass, without drafting) or
-    "rest"."""
+    "rest". `reading_slows`: by what share the pass is longer where the model works during it."""
     did = []
     for _ in range(rounds):
         proposed, speculated = model.proposed, len(model.speculated)
@@ -279,7 +281,7 @@ def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tu
             if child is None:
                 break
             accepted.append(child)
-        model.clock.spend(100.0)
+        model.clock.spend(100.0 * (1.0 + (reading_slows if did[-1] != "rest" else 0.0)))
         hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], 99], accepted=accepted, compute_ms=100.0))
     return did
 
@@ -305,6 +307,26 @@ def test_exploring_where_the_model_does_not_pay_costs_a_bounded_share_of_the_tim
     assert budget - model_ms < exploring * model_ms <= budget
     assert [steps for steps in model.speculated if steps != 1] == [SPECULATION_STEPS] * len(drafted)
     assert [r for r, what in enumerate(did) if what == "read"] == [MEASURED]
+
+
+def test_exploring_after_a_rest_pays_for_reading_what_the_model_missed(monkeypatch):
+    """Where the model does not pay it rests, and each verdict's 4 tokens stay unread (2 ms each to read).
+    An exploring round reads them first, during the pass before it: free where edge and verifier are
+    separate machines, but where they share one, reading beside a pass slows it (here by 20%, as the
+    hybrid measures from rounds in which the model read and rested), and what that costs comes out of the
+    same budget (EXPLORE_SHARE of the bucket's time): there it explores less than half as often."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    explored = {}
+    for reading_slows in (0.0, 0.2):
+        model = TimedModel(MODEL_ADDS, clock, 10.0, read_ms=2.0)
+        hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+        hybrid.begin([1])
+        did = model_rounds(hybrid, model, 1000, take=(10, 11, 12), reading_slows=reading_slows)
+        assert did[: MEASURED + 1] == ["draft"] * MEASURED + ["read"]  # the last times R without the model
+        after = "".join({"draft": "D", "read": "R", "rest": "."}[what] for what in did[MEASURED + 1:])
+        assert set(after.replace("RD", "")) == {"."}  # it reads in the round before each it explores in, else rests
+        explored[reading_slows] = did.count("draft") - MEASURED
+    assert 0 < explored[0.2] < explored[0.0] / 2
 
 
 def test_a_model_whose_nodes_lengthen_the_pass_more_than_they_add_stops_drafting(monkeypatch):
