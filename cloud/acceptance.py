@@ -23,21 +23,28 @@ class Verdict:
 
 def verify_tree(
     tree: DraftTree,
-    logits: torch.Tensor,
+    logits: torch.Tensor | None,
     params: SamplingParams,
     draws: Draws | None = None,
     position: int = 0,
+    argmax: torch.Tensor | None = None,
 ) -> Verdict:
     """Accept the longest path of `tree` the target agrees with, plus one bonus token from the target.
 
     `logits` is [1 + len(tree), V]: row 0 holds the target's logits at the root, row 1 + i at node i.
     The tree must have passed `tree.validate(V)` (the proposal rule relies on it). Sampling takes its
     numbers from `draws` (required unless greedy); `position` is where the first new token goes in
-    prompt + output.
+    prompt + output. Greedy verification may be given each row's `argmax` [1 + len(tree)] instead of the
+    logits (computed where the logits live, off the CPU).
     """
-    if logits.dim() != 2 or logits.shape[0] != len(tree) + 1:
-        raise ValueError(f"logits must be [1 + len(tree), V] = [{len(tree) + 1}, V], got {tuple(logits.shape)}")
-    logits = logits.detach()
+    if argmax is not None and params.greedy:
+        if argmax.shape != (len(tree) + 1,):
+            raise ValueError(f"argmax must be [1 + len(tree)] = [{len(tree) + 1}], got {tuple(argmax.shape)}")
+    elif logits is None or logits.dim() != 2 or logits.shape[0] != len(tree) + 1:
+        shape = None if logits is None else tuple(logits.shape)
+        raise ValueError(f"logits must be [1 + len(tree), V] = [{len(tree) + 1}, V], got {shape}")
+    else:
+        logits = logits.detach()
     children = tree.children()
     proposals = tree.proposals or {}
     accepted: list[int] = []
@@ -46,7 +53,7 @@ def verify_tree(
         kids = children[node + 1]
         if params.greedy:
             # Argmax only the rows the walk visits: at a large vocabulary each row costs ~0.3 ms.
-            token = int(logits[node + 1].argmax())
+            token = int(logits[node + 1].argmax() if argmax is None else argmax[node + 1])
             nxt = _child_with_token(tree, kids, token)
         else:
             # float64 on the CPU: cheap, and the residuals below do not drift.

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from specedge.cloud.kv_pool import KVBlockPool
+from specedge.cloud.padded_attention import PaddedGroup, pad_groups, padded_attention
 
 
 @dataclass
@@ -75,6 +76,14 @@ class StepBatch:
     positions: torch.Tensor  # [T]
     new_slots: torch.Tensor  # [T] where each new token's K/V is written
     seqs: list[SeqSlice]
+    padded: list[PaddedGroup] | None = None  # off the CPU: the sequences as padded groups (set by `to`)
+
+    def to(self, device: torch.device) -> StepBatch:
+        """This batch on `device`; off the CPU its sequences become padded groups (cloud/padded_attention.py)."""
+        if device.type == "cpu":
+            return self
+        return StepBatch(self.input_ids.to(device), self.positions.to(device), self.new_slots.to(device), [],
+                         [g.to(device) for g in pad_groups(self.seqs)])
 
 
 def paged_attention(
@@ -93,6 +102,8 @@ def paged_attention(
     """
     pool.k[layer, batch.new_slots] = k
     pool.v[layer, batch.new_slots] = v
+    if batch.padded is not None:
+        return padded_attention(q, pool.k[layer], pool.v[layer], batch.padded, scale, window)
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
     group = q.shape[1] // k.shape[1]
     for s in batch.seqs:
@@ -143,11 +154,14 @@ def grouped_attention(
 _SDPA_FROM = 1 << 18  # query rows x context length beyond which scores would take > 1 MiB per head
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, D] (broadcast over heads), computed in float32 and cast to `dtype` as transformers does."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float()
+                               / head_dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos()[:, None, :], emb.sin()[:, None, :]  # [T, 1, D], broadcast over heads
+    return emb.cos()[:, None, :].to(dtype), emb.sin()[:, None, :].to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,9 @@ class ServerConfig:
                           "model directory")
     host: str = _setting("127.0.0.1", "address to listen on (0.0.0.0 for every interface)")
     port: int = _setting(50051, "gRPC port (0 = any free port)")
+    device: str = _setting("auto", "where the engine runs: cuda, cpu, or auto (cuda when a GPU is visible)")
+    dtype: str = _setting("auto", "the model's and KV pool's number format: float32, bfloat16, float16, or auto "
+                          "(bfloat16 on a GPU, float32 on the CPU)")
     kv_pool_mb: int = _setting(256, "KV cache budget in MiB, allocated at start")
     max_batch_tokens: int = _setting(2048, "tokens per engine step across sessions; drafts are trimmed to stay "
                                      "within it, and a longer prompt is prefilled in chunks over several steps")

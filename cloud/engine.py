@@ -43,14 +43,18 @@ class Engine:
         self.runner = runner
         self.pool = pool
         self.vocab_size = runner.vocab_size
+        self.device = runner.embed.device
         self._ids = itertools.count()
 
     @classmethod
-    def from_hf_model(cls, hf_model, kv_pool_bytes: int, block_size: int = 16) -> "Engine":
+    def from_hf_model(cls, hf_model, kv_pool_bytes: int, block_size: int = 16, device: str | torch.device = "cpu",
+                      dtype: torch.dtype | None = None) -> "Engine":
+        """The engine of `hf_model` moved to `device` (and cast to `dtype`, None = as it is), KV pool included."""
+        hf_model.to(device=device, dtype=dtype)
         runner = build_runner(hf_model)
         pool = KVBlockPool(
             kv_pool_bytes, block_size, runner.num_layers, runner.num_kv_heads, runner.head_dim,
-            dtype=runner.embed.dtype,
+            dtype=runner.embed.dtype, device=runner.embed.device,
         )
         return cls(runner, pool)
 
@@ -73,8 +77,8 @@ class Engine:
         `n` prompt tokens of each (sequence, n) in `chunks` (a long prefill split across steps: no verdict,
         at least its last prompt token left for the step that verifies its tree); commit verdicts."""
         verdicts = []
-        for (seq, tree), logits in zip(work, self.forward(work, chunks)):
-            verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids))
+        for (seq, tree), (logits, argmax) in zip(work, self._on_host(work, self.forward(work, chunks))):
+            verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids), argmax)
             if seq.hints_top_k:
                 verdict.hints = top_k_hints(logits, seq.hints_top_k, seq.params.temperature)
             self.commit(seq, tree, verdict)
@@ -86,8 +90,8 @@ class Engine:
 
     def forward(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]] = ()
                 ) -> list[torch.Tensor]:
-        """Logits [1 + len(tree), V] per sequence of `work`: at the tree root (last committed token) and each
-        node; `chunks` compute KV only.
+        """Logits [1 + len(tree), V] per sequence of `work`, on the engine's device: at the tree root (last
+        committed token) and each node; `chunks` compute KV only.
 
         Every sequence must be committed (see `commit`) before its next forward.
         """
@@ -102,8 +106,21 @@ class Engine:
         for seq, tree, chain in items:
             self.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
         batch, logits_rows = self._build_batch(items, logits_for=len(work))
-        logits = self.runner.forward(batch, self.pool, logits_rows)
+        logits = self.runner.forward(batch.to(self.device), self.pool, logits_rows.to(self.device))
         return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+
+    def _on_host(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]
+                 ) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """(logits, argmax) per sequence on the CPU, for the verdicts. Off the CPU, a greedy sequence without
+        hints brings back only its rows' argmax (at a 128k vocabulary a row of logits is 0.5 MB); the others
+        bring back their logits in float32. One transfer each way, whatever the batch."""
+        if self.device.type == "cpu":
+            return [(rows, None) for rows in logits]
+        needs_logits = [not seq.params.greedy or seq.hints_top_k > 0 for seq, _ in work]
+        argmax = torch.cat(logits).argmax(-1).cpu().split([len(rows) for rows in logits])
+        full = [rows for rows, needed in zip(logits, needs_logits) if needed]
+        full = iter(torch.cat(full).float().cpu().split([len(rows) for rows in full]) if full else [])
+        return [(next(full), None) if needed else (None, a) for needed, a in zip(needs_logits, argmax)]
 
     def _build_batch(self, items: list[tuple[Sequence, DraftTree, int]], logits_for: int
                      ) -> tuple[StepBatch, torch.Tensor]:

@@ -22,6 +22,7 @@ import grpc
 import torch
 
 from specedge.cloud.config import ServerConfig
+from specedge.cloud.device import engine_device
 from specedge.cloud.engine import Engine
 from specedge.cloud.model_registry import eos_token_ids, load_model
 from specedge.cloud.server import RunningServer, start_server
@@ -38,8 +39,9 @@ def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedMode
     None serves token ids only (tests with tiny random models)."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    device, dtype = engine_device(config.device, config.dtype)  # a wrong flag fails before the model loads
     hf, tokenizer = hf_and_tokenizer or load_model(config.model)
-    engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20, device=device, dtype=dtype)
     if tokenizer is None:
         return ServedModel(engine, eos_token_ids(hf), "no-tokenizer")
     fingerprint = tokenizer_fingerprint(tokenizer.get_vocab(), tokenizer.special_tokens_map)

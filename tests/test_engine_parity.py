@@ -1,5 +1,6 @@
 """The engine's own forward pass gives transformers' logits (fp32, max abs diff <= 1e-3) for prefill,
-incremental decoding, tree verification, batches of ragged sequences and reused prefix blocks."""
+incremental decoding, tree verification, batches of ragged sequences and reused prefix blocks, on the CPU
+and (where a GPU is visible) on CUDA, whose attention takes the padded-group path (cloud/padded_attention.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from specedge.cloud.acceptance import Verdict
 from specedge.cloud.engine import Engine
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
-from tiny_models import tiny_gemma3, tiny_llama
+from tiny_models import DEVICES, tiny_gemma3, tiny_llama
 
 TOL = 1e-3
 GREEDY = SamplingParams()
@@ -20,7 +21,7 @@ GREEDY = SamplingParams()
 
 def reference_logits(hf, ids: list[int]) -> torch.Tensor:
     with torch.inference_mode():
-        return hf(torch.tensor([ids])).logits[0].float()
+        return hf(torch.tensor([ids], device=hf.device)).logits[0].float().cpu()
 
 
 def random_tree(true_next: list[int], vocab: int, rng: random.Random, size: int) -> tuple[DraftTree, list[int]]:
@@ -50,7 +51,7 @@ def random_tree(true_next: list[int], vocab: int, rng: random.Random, size: int)
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    diff = (got - want).abs().max().item()
+    diff = (got.float().cpu() - want).abs().max().item()
     assert diff <= TOL, f"{what}: max abs diff {diff:.2e} > {TOL}"
 
 
@@ -88,9 +89,14 @@ def run_parity(hf, engine: Engine, prompt: list[int], continuation: list[int], s
 
 
 @pytest.fixture(params=["llama", "gemma3"])
-def tiny(request):
-    hf = tiny_llama() if request.param == "llama" else tiny_gemma3(sliding_window=8)
-    return hf, Engine.from_hf_model(hf, kv_pool_bytes=4 << 20, block_size=4)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(params=DEVICES)
+def tiny(request, arch):
+    hf = tiny_llama() if arch == "llama" else tiny_gemma3(sliding_window=8)
+    return hf, Engine.from_hf_model(hf, kv_pool_bytes=4 << 20, block_size=4, device=request.param)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+
+# Tests that take a `device` parameter run on the CPU everywhere and on CUDA where a GPU is visible.
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")]),
+]
 
 
 def tiny_llama(vocab_size: int = 512, seed: int = 0) -> LlamaForCausalLM:

@@ -33,7 +33,9 @@ class Gemma3Layer:
 
 
 def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+    """In float32 whatever x's dtype, as transformers computes it (a no-op cast in fp32)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
 
 
 class Gemma3Runner:
@@ -58,7 +60,7 @@ class Gemma3Runner:
         self.rope_base = {t: r["rope_theta"] for t, r in cfg.rope_parameters.items()}
         m = hf_model.model
         self.embed = m.embed_tokens.weight
-        self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.embed.dtype)
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.embed.dtype, device=self.embed.device)
         self.norm = m.norm.weight
         self.lm_head = Linear(hf_model.lm_head.weight)
         self.layers = []
@@ -85,8 +87,8 @@ class Gemma3Runner:
         """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
         x = F.embedding(batch.input_ids, self.embed) * self.embed_scale
         rope = {
-            "sliding": rope_cos_sin(batch.positions, self.head_dim, self.rope_base["sliding_attention"]),
-            "full": rope_cos_sin(batch.positions, self.head_dim, self.rope_base["full_attention"]),
+            kind: rope_cos_sin(batch.positions, self.head_dim, self.rope_base[f"{kind}_attention"], x.dtype)
+            for kind in ("sliding", "full")
         }
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):

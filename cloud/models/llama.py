@@ -23,7 +23,9 @@ class LlamaLayer:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """In float32 whatever x's dtype, as transformers computes it (a no-op cast in fp32)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class LlamaRunner:
@@ -63,7 +65,7 @@ class LlamaRunner:
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
         """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
         x = F.embedding(batch.input_ids, self.embed)
-        cos, sin = rope_cos_sin(batch.positions, self.head_dim, self.rope_base)
+        cos, sin = rope_cos_sin(batch.positions, self.head_dim, self.rope_base, x.dtype)
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, self.eps)

@@ -1,0 +1,244 @@
+"""The engine on a GPU (issue 13): the cost of one pass by tree tokens and by sessions per step, plain
+decoding against transformers' `generate`, and greedy agreement with transformers in bfloat16.
+
+Pass cost does not depend on the weights, so the models here are randomly initialised at the real shapes
+(the GPU machine cannot receive the real weights); acceptance, which does depend on them, comes from the
+CPU benchmarks' recorded runs (bench/gpu_projection.py combines the two).
+
+    python3 bench/gpu_bench.py --out $OUT/gpu.json                       # on the GPU machine
+    .venv/bin/python bench/gpu_bench.py --device cpu --shapes smollm2-135m --quick --out /tmp/gpu.json
+
+Every figure is the median of several timed repetitions after warm-up; each step is timed to its result
+on the host (a step ends with the verdicts' copy to the CPU, which waits for the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+from specedge.cloud.engine import Engine
+from specedge.cloud.kv_pool import KVBlockPool
+from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
+
+
+def _llama(**shape) -> LlamaConfig:
+    return LlamaConfig(max_position_embeddings=8192, rms_norm_eps=1e-5, eos_token_id=2, bos_token_id=1, **shape)
+
+
+# The real models' shapes (their configurations, weights aside). llama-1b and llama-8b are Llama 3.2 1B and
+# Llama 3.1 8B without their RoPE scaling, which the engine does not support yet (the cost is the same).
+SHAPES = {
+    "smollm2-135m": lambda: _llama(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                   tie_word_embeddings=True, rope_theta=100000.0),
+    "gemma3-270m": lambda: Gemma3TextConfig(
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 3, max_position_embeddings=32768,
+        rope_theta=1e6, rope_local_base_freq=1e4, eos_token_id=1, bos_token_id=2, pad_token_id=0),
+    "llama-1b": lambda: _llama(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                               tie_word_embeddings=True, rope_theta=500000.0),
+    "llama-8b": lambda: _llama(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                               tie_word_embeddings=False, rope_theta=500000.0),
+}
+TREE_TOKENS = [0, 1, 3, 7, 15, 31, 63, 127, 255]  # draft nodes; a pass computes one more (the root)
+SESSIONS = [1, 2, 4, 8, 16, 32, 64]
+TREE_PER_SESSION = [0, 4, 8, 16, 32]
+GREEDY = SamplingParams()
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def random_model(name: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    config = SHAPES[name]()
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: an 8B model's init on the host takes minutes
+        model = (Gemma3ForCausalLM if isinstance(config, Gemma3TextConfig) else LlamaForCausalLM)(config)
+    return model.to(dtype).eval()
+
+
+def random_tree(size: int, vocab: int, rng: random.Random) -> DraftTree:
+    """Mostly a chain with branches, as drafts are; random tokens (the pass costs the same)."""
+    parents = [i - 1 if rng.random() < 0.7 else rng.randrange(-1, i) for i in range(size)]
+    return DraftTree([rng.randrange(vocab) for _ in range(size)], parents)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_steps(engine: Engine, work_of, reps: int, warmup: int = 3) -> float:
+    """Median ms of `engine.step(work_of())` over `reps` steps after `warmup` untimed ones."""
+    times = []
+    for i in range(warmup + reps):
+        work = work_of()
+        sync(engine.device)
+        start = time.perf_counter()
+        engine.step(work)
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def open_sessions(engine: Engine, count: int, context: int, rng: random.Random) -> list:
+    seqs = [engine.add_sequence([rng.randrange(3, engine.vocab_size) for _ in range(context)], GREEDY)
+            for _ in range(count)]
+    for at in range(0, count, 8):  # prefilled a few at a time, as the scheduler's token budget would
+        engine.step([(s, DraftTree.empty()) for s in seqs[at : at + 8]])
+    return seqs
+
+
+def pass_cost(engine: Engine, sessions: int, tree: int, context: int, reps: int, rng: random.Random) -> float:
+    seqs = open_sessions(engine, sessions, context, rng)
+    ms = timed_steps(engine, lambda: [(s, random_tree(tree, engine.vocab_size, rng)) for s in seqs], reps)
+    for s in seqs:
+        engine.release(s)
+    engine.pool.drop_cached()
+    return ms
+
+
+def engine_decode(engine: Engine, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
+    sync(engine.device)
+    start = time.perf_counter()
+    seq = engine.add_sequence(prompt, GREEDY)
+    while len(seq.output_ids) < new_tokens:
+        engine.step([(seq, DraftTree.empty())])
+    seconds = time.perf_counter() - start
+    out = seq.output_ids[:new_tokens]
+    engine.release(seq)
+    engine.pool.drop_cached()
+    return out, seconds
+
+
+def hf_decode(hf, prompt: list[int], new_tokens: int) -> tuple[list[int], float]:
+    x = torch.tensor([prompt], device=hf.device)
+    sync(hf.device)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens)
+    sync(hf.device)
+    return out[0, len(prompt):].tolist(), time.perf_counter() - start
+
+
+def step_breakdown(engine: Engine, prompt: list[int], reps: int) -> dict:
+    """Where a one-token step's time goes: building its batch on the host (and copying it over), the forward
+    pass (launches and device time), and the whole step (the verdict's copy back, commit and bookkeeping)."""
+    seq = engine.add_sequence(prompt, GREEDY)
+    engine.step([(seq, DraftTree.empty())])
+    build, forward = [], []
+    for _ in range(reps + 3):
+        engine.pool.reserve(seq.seq_id, seq.num_cached + 1)
+        sync(engine.device)
+        t0 = time.perf_counter()
+        batch, rows = engine._build_batch([(seq, DraftTree.empty(), 1)], logits_for=1)
+        batch, rows = batch.to(engine.device), rows.to(engine.device)
+        sync(engine.device)
+        t1 = time.perf_counter()
+        engine.runner.forward(batch, engine.pool, rows)
+        sync(engine.device)
+        build.append((t1 - t0) * 1e3), forward.append((time.perf_counter() - t1) * 1e3)
+    step = timed_steps(engine, lambda: [(seq, DraftTree.empty())], reps)
+    engine.release(seq)
+    engine.pool.drop_cached()
+    return {"build_ms": statistics.median(build[3:]), "forward_ms": statistics.median(forward[3:]), "step_ms": step}
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> dict:
+    rng = random.Random(0)
+    hf = random_model(name, device, dtype)
+    runner_tokens = 64 * (args.context + 3 * args.reps + 64) + 2 * (2048 + 512)
+    per_token = KVBlockPool.block_bytes(1, hf.config.num_hidden_layers, hf.config.num_key_value_heads,
+                                        hf.config.head_dim, dtype)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=runner_tokens * per_token, device=device, dtype=dtype)
+    result = {"shape": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+              "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1)}
+
+    prompt = [rng.randrange(3, engine.vocab_size) for _ in range(128)]
+    engine_decode(engine, prompt, 8), hf_decode(hf, prompt, 8)  # warm-up (kernels, allocator)
+    runs = {"engine": [], "hf": []}
+    for _ in range(args.decode_reps):  # interleaved
+        ours, t_ours = engine_decode(engine, prompt, args.new_tokens)
+        theirs, t_hf = hf_decode(hf, prompt, args.new_tokens)
+        runs["engine"].append(args.new_tokens / t_ours)
+        runs["hf"].append(args.new_tokens / t_hf)
+    result["decode"] = {"prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
+                        "engine_tok_s": statistics.median(runs["engine"]), "hf_tok_s": statistics.median(runs["hf"]),
+                        "runs": runs, "agree_first_tokens": first_difference(ours, theirs)}
+    result["decode"]["ratio"] = result["decode"]["engine_tok_s"] / result["decode"]["hf_tok_s"]
+    log(f"{name}: plain decoding {result['decode']['engine_tok_s']:.0f} tok/s, transformers "
+        f"{result['decode']['hf_tok_s']:.0f} tok/s ({result['decode']['ratio']:.2f}x)")
+
+    result["decode_step"] = step_breakdown(engine, prompt, args.reps)
+    log(f"{name}: a decoding step: {result['decode_step']}")
+
+    result["by_tree_tokens"] = []
+    for context in (args.context, 2048):
+        for tree in TREE_TOKENS:
+            ms = pass_cost(engine, 1, tree, context, args.reps, rng)
+            result["by_tree_tokens"].append({"context": context, "tokens": tree + 1, "ms": ms})
+        log(f"{name}: one session at context {context}, pass ms by tokens: "
+            + " ".join(f"{r['tokens']}:{r['ms']:.2f}" for r in result["by_tree_tokens"] if r["context"] == context))
+    result["by_sessions"] = []
+    for sessions in SESSIONS:
+        for tree in TREE_PER_SESSION:
+            ms = pass_cost(engine, sessions, tree, args.context, args.reps, rng)
+            result["by_sessions"].append({"context": args.context, "sessions": sessions, "tokens_each": tree + 1,
+                                          "ms": ms})
+        log(f"{name}: {sessions} sessions, pass ms by tokens each: " + " ".join(
+            f"{r['tokens_each']}:{r['ms']:.2f}" for r in result["by_sessions"] if r["sessions"] == sessions))
+    del engine, hf
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--context", type=int, default=512, help="tokens of context per session")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--decode-reps", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="a smoke run: few sessions, short contexts")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    if args.quick:
+        global SESSIONS, TREE_TOKENS, TREE_PER_SESSION
+        SESSIONS, TREE_TOKENS, TREE_PER_SESSION = [1, 2], [0, 7], [0, 4]
+        args.context, args.reps, args.decode_reps, args.new_tokens = 64, 2, 1, 8
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    info = {"torch": torch.__version__}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    results = {"info": info, "shapes": []}
+    for name in args.shapes.split(","):
+        results["shapes"].append(measure_shape(name, device, dtype, args))
+        args.out.write_text(json.dumps(results, indent=1))  # what is measured so far survives a time-out
+    log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
