@@ -151,7 +151,7 @@ def step_breakdown(engine: Engine, prompt: list[int], reps: int) -> dict:
         batch, rows = batch.to(engine.device), rows.to(engine.device)
         sync(engine.device)
         t1 = time.perf_counter()
-        engine.runner.forward(batch, engine.pool, rows)
+        engine._forward(batch, engine.pool, rows)  # as a step runs it: replayed from a graph once captured
         sync(engine.device)
         build.append((t1 - t0) * 1e3), forward.append((time.perf_counter() - t1) * 1e3)
     step = timed_steps(engine, lambda: [(seq, DraftTree.empty())], reps)
@@ -175,19 +175,26 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
               "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1)}
 
     prompt = [rng.randrange(3, engine.vocab_size) for _ in range(128)]
+    graphs = engine.graphs
     engine_decode(engine, prompt, 8), hf_decode(hf, prompt, 8)  # warm-up (kernels, allocator)
-    runs = {"engine": [], "hf": []}
+    runs = {"engine_eager": [], "engine": [], "hf": []}
     for _ in range(args.decode_reps):  # interleaved
+        if graphs:
+            graphs.enabled = False
+            _, t_eager = engine_decode(engine, prompt, args.new_tokens)
+            runs["engine_eager"].append(args.new_tokens / t_eager)
+            graphs.enabled = True
         ours, t_ours = engine_decode(engine, prompt, args.new_tokens)
         theirs, t_hf = hf_decode(hf, prompt, args.new_tokens)
         runs["engine"].append(args.new_tokens / t_ours)
         runs["hf"].append(args.new_tokens / t_hf)
-    result["decode"] = {"prompt_tokens": len(prompt), "new_tokens": args.new_tokens,
-                        "engine_tok_s": statistics.median(runs["engine"]), "hf_tok_s": statistics.median(runs["hf"]),
-                        "runs": runs, "agree_first_tokens": first_difference(ours, theirs)}
+    result["decode"] = {"prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "runs": runs,
+                        "agree_first_tokens": first_difference(ours, theirs),
+                        **{f"{k}_tok_s": statistics.median(v) for k, v in runs.items() if v}}
     result["decode"]["ratio"] = result["decode"]["engine_tok_s"] / result["decode"]["hf_tok_s"]
-    log(f"{name}: plain decoding {result['decode']['engine_tok_s']:.0f} tok/s, transformers "
-        f"{result['decode']['hf_tok_s']:.0f} tok/s ({result['decode']['ratio']:.2f}x)")
+    log(f"{name}: plain decoding {result['decode']['engine_tok_s']:.0f} tok/s (eager "
+        f"{result['decode'].get('engine_eager_tok_s', 0):.0f}), transformers {result['decode']['hf_tok_s']:.0f} "
+        f"tok/s ({result['decode']['ratio']:.2f}x); same first {result['decode']['agree_first_tokens']} tokens")
 
     result["decode_step"] = step_breakdown(engine, prompt, args.reps)
     log(f"{name}: a decoding step: {result['decode_step']}")
@@ -207,6 +214,8 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
                                           "ms": ms})
         log(f"{name}: {sessions} sessions, pass ms by tokens each: " + " ".join(
             f"{r['tokens_each']}:{r['ms']:.2f}" for r in result["by_sessions"] if r["sessions"] == sessions))
+    result["graphs_captured"] = len(engine.graphs.graphs) if engine.graphs else 0
+    result["graphs_enabled"] = bool(engine.graphs and engine.graphs.enabled)
     del engine, hf
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -219,7 +228,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--context", type=int, default=512, help="tokens of context per session")
-    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--reps", type=int, default=12)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="a smoke run: few sessions, short contexts")

@@ -14,6 +14,7 @@ import torch
 
 from specedge.cloud.acceptance import Verdict, verify_tree
 from specedge.cloud.attention import SeqSlice, StepBatch
+from specedge.cloud.cuda_graphs import GraphedForward
 from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.models import build_runner
@@ -39,11 +40,15 @@ class Sequence:
 
 
 class Engine:
-    def __init__(self, runner, pool: KVBlockPool) -> None:
+    def __init__(self, runner, pool: KVBlockPool, cuda_graphs: bool = True) -> None:
         self.runner = runner
         self.pool = pool
         self.vocab_size = runner.vocab_size
         self.device = runner.embed.device
+        # On a GPU, recurring step shapes replay as CUDA graphs (cloud/cuda_graphs.py); `graphs.enabled` turns
+        # them off and on.
+        self.graphs = GraphedForward(runner.forward) if cuda_graphs and self.device.type == "cuda" else None
+        self._forward = self.graphs or runner.forward
         self._ids = itertools.count()
 
     @classmethod
@@ -106,7 +111,7 @@ class Engine:
         for seq, tree, chain in items:
             self.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
         batch, logits_rows = self._build_batch(items, logits_for=len(work))
-        logits = self.runner.forward(batch.to(self.device), self.pool, logits_rows.to(self.device))
+        logits = self._forward(batch.to(self.device), self.pool, logits_rows.to(self.device))
         return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
 
     def _on_host(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]
@@ -114,7 +119,7 @@ class Engine:
         """(logits, argmax) per sequence on the CPU, for the verdicts. Off the CPU, a greedy sequence without
         hints brings back only its rows' argmax (at a 128k vocabulary a row of logits is 0.5 MB); the others
         bring back their logits in float32. One transfer each way, whatever the batch."""
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" or not work:
             return [(rows, None) for rows in logits]
         needs_logits = [not seq.params.greedy or seq.hints_top_k > 0 for seq, _ in work]
         argmax = torch.cat(logits).argmax(-1).cpu().split([len(rows) for rows in logits])

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-_ALIGN = 16  # the memory-efficient SDPA kernel wants its mask rows aligned; padded keys are masked anyway
+# Keys per sequence are padded to a multiple of this: the memory-efficient SDPA kernel wants its mask rows
+# aligned, and a coarser step keeps a decoding session's shapes (hence its CUDA graph) the same for longer.
+_ALIGN = 64
 LONG_ROWS = 64  # a sequence with more new tokens (a prefill) gets a group of its own
 
 

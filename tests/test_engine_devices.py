@@ -104,6 +104,24 @@ def test_bfloat16_speculation_changes_no_greedy_token(arch, device):
         assert greedy_decode(engine, prompts, NEW_TOKENS, guide=plain, seed=seed) == plain
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_recurring_step_is_replayed_from_a_cuda_graph_with_the_eager_logits(arch):
+    engine = Engine.from_hf_model(tiny(arch), kv_pool_bytes=8 << 20, block_size=4, device="cuda",
+                                  dtype=torch.float32)
+    seqs = [engine.add_sequence(p, GREEDY) for p in prompts_for(engine.vocab_size)]
+    engine.step([(s, DraftTree.empty()) for s in seqs])  # the prefills
+    work = [(s, DraftTree([5, 6, 7], [-1, 0, -1])) for s in seqs]
+    engine.graphs.enabled = False
+    eager = engine.forward(work)
+    engine.graphs.enabled = True
+    passes = [engine.forward(work) for _ in range(3)]  # seen, captured, replayed
+    assert len(engine.graphs.graphs) == 1
+    for logits in passes:
+        assert max((a - b).abs().max().item() for a, b in zip(eager, logits)) <= 1e-4
+
+
 def test_auto_picks_the_cpu_in_float32_without_a_gpu_and_a_named_format_is_kept():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible: auto picks it")
