@@ -110,6 +110,40 @@ class ReplaySession:
             self.seq = None
 
 
+@dataclass
+class Recorded:
+    """The prompts of a recorded run (in Spec-Bench order) with their token ids and recorded greedy outputs."""
+
+    prompts: list
+    prompt_ids: dict[str, list[int]]
+    refs: dict[str, list[int]]
+    tokenizer: object  # the edge's tokenizer
+    hf_tokenizer: object
+    eos_ids: list[int]
+
+    @classmethod
+    def load(cls, runs: Path, model: str, chat: bool, categories: str | None = None, skip_per_category: int = 0
+             ) -> Recorded:
+        from transformers import AutoTokenizer
+
+        from specedge.cloud.model_registry import resolve_model_dir
+        from specedge.edge.tokenizer import EdgeTokenizer
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(model))
+        tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
+        refs = references(runs)
+        seen: dict[str, int] = defaultdict(int)
+        prompts = []
+        for p in specbench.load(categories=categories.split(",") if categories else None):
+            if p.id in refs:
+                seen[p.category] += 1
+                if seen[p.category] > skip_per_category:
+                    prompts.append(p)
+        eos_ids = [hf_tokenizer.eos_token_id] if hf_tokenizer.eos_token_id is not None else []
+        prompt_ids = {p.id: tokenizer.encode_prompt(p.text, chat=chat) for p in prompts}
+        return cls(prompts, prompt_ids, refs, tokenizer, hf_tokenizer, eos_ids)
+
+
 def references(runs: Path) -> dict[str, list[int]]:
     """prompt id -> the greedy output of the run's `ar` (or `server-ar`) method (first repetition)."""
     out = {}
@@ -166,24 +200,10 @@ def main() -> None:
                     help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior), or flat (every "
                          "tree costs one plain pass: a GPU-like verifier, where small trees are nearly free)")
     args = ap.parse_args()
-    from transformers import AutoTokenizer
-
-    from specedge.cloud.model_registry import resolve_model_dir
-    from specedge.edge.tokenizer import EdgeTokenizer
-
-    hf_tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(args.model))
-    tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
-    refs = references(args.runs)
-    seen: dict[str, int] = defaultdict(int)
-    prompts = []
-    for p in specbench.load(categories=args.categories.split(",") if args.categories else None):
-        if p.id in refs:
-            seen[p.category] += 1
-            if seen[p.category] > args.skip_per_category:
-                prompts.append(p)
+    recorded = Recorded.load(args.runs, args.model, args.chat, args.categories, args.skip_per_category)
+    prompts, prompt_ids, refs = recorded.prompts, recorded.prompt_ids, recorded.refs
+    tokenizer, hf_tokenizer, eos_ids = recorded.tokenizer, recorded.hf_tokenizer, recorded.eos_ids
     cost = CostModel(tuple((n, args.base_ms * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
-    eos_ids = [hf_tokenizer.eos_token_id] if hf_tokenizer.eos_token_id is not None else []
-    prompt_ids = {p.id: tokenizer.encode_prompt(p.text, chat=args.chat) for p in prompts}
     hints = recorded_hints(args.runs, args.model, prompt_ids, refs) if args.hints == "on-path" else {}
     engine = None
     if args.hints == "model":

@@ -140,12 +140,13 @@ class Engine:
             pos = torch.cat([torch.arange(cached, cached + chain), tree_pos])
             ids.append(torch.tensor(seq.token_ids[cached : cached + chain] + list(tree.tokens), dtype=torch.long))
             positions.append(pos)
-            new_slots.append(self.pool.slots(seq.seq_id, cached, cached + n))
+            ctx_slots = self.pool.slots(seq.seq_id, 0, cached + n)
+            new_slots.append(ctx_slots[cached:])
             seqs.append(
                 SeqSlice(
                     start=start,
                     end=start + n,
-                    ctx_slots=self.pool.slots(seq.seq_id, 0, cached + n),
+                    ctx_slots=ctx_slots,
                     mask=step_mask(cached, chain, tree),
                     query_pos=pos,
                     key_pos=torch.cat([torch.arange(cached), pos]),

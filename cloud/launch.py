@@ -5,6 +5,8 @@ a child process (benchmarks of serving)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import signal
 import socket
@@ -42,6 +44,9 @@ def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedMode
     device, dtype = engine_device(config.device, config.dtype)  # a wrong flag fails before the model loads
     hf, tokenizer = hf_and_tokenizer or load_model(config.model)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20, device=device, dtype=dtype)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    logging.getLogger("specedge.server").info(json.dumps({"event": "engine", "device": where,
+                                                          "dtype": str(dtype).removeprefix("torch.")}))
     if tokenizer is None:
         return ServedModel(engine, eos_token_ids(hf), "no-tokenizer")
     fingerprint = tokenizer_fingerprint(tokenizer.get_vocab(), tokenizer.special_tokens_map)

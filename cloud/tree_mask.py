@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from specedge.common.draft_tree import DraftTree
@@ -10,12 +11,12 @@ from specedge.common.draft_tree import DraftTree
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """Bool [n + 1, n + 1] over [root] + nodes: [a, b] is True iff b is a or an ancestor of a."""
     n = len(tree)
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    mask = np.zeros((n + 1, n + 1), dtype=np.bool_)  # numpy: row copies ~10x cheaper than torch's here
     mask[0, 0] = True
     for i, parent in enumerate(tree.parents):
         mask[i + 1] = mask[parent + 1]
         mask[i + 1, i + 1] = True
-    return mask
+    return torch.from_numpy(mask)
 
 
 def step_mask(cached: int, chain: int, tree: DraftTree) -> torch.Tensor | None:

@@ -1,0 +1,121 @@
+"""Projected speedups with a GPU verifier (issue 13): pass costs measured on the GPU (bench/gpu_bench.py's
+JSON) combined with acceptance from a recorded CPU run (a `specedge bench` runs.jsonl with `ar` outputs),
+replayed as bench/replay.py does: a greedy verifier accepts exactly the draft path that spells the recorded
+output, so the drafter's trees and the tokens each pass commits need no model.
+
+    .venv/bin/python bench/gpu_projection.py docs/benchmarks/gpu/h200.json bench-out/gpu-refs-smollm2/runs.jsonl \\
+        --model smollm2-135m --chat
+
+One client: each pass costs the GPU's measured time for its tokens with one session (at the measured
+context nearest the session's), plus the edge's drafting time for that round (measured here, by the clock,
+on this machine's CPU); plain decoding costs one one-token pass per token at the same context. The drafter
+sizes its trees from the GPU's cost curve, as it would from a GPU verifier's advertised cost model.
+
+Sixteen clients: a step of 16 sessions with t + 1 tokens each costs what the GPU measured for it; each
+session commits A(t) tokens per step (the same replay with trees capped at t nodes); a client's round is
+that step plus its drafting time. Throughput 16 A(t) / (step + drafting) against server-side decoding,
+16 tokens per step of 16 one-token sessions. The best t is reported with every t beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from specedge.bench.replay import Recorded, ReplaySession
+from specedge.common.cost_model import CostModel
+from specedge.edge.controller import TreeSizeController
+from specedge.edge.generation import generate
+from specedge.edge.registry import make_drafter
+
+CLIENTS = 16
+
+
+def single_session_costs(shape: dict) -> dict[int, CostModel]:
+    """context -> cost by tree tokens (a pass computes tree tokens + 1), one session per step."""
+    by_context: dict[int, list] = {}
+    for r in shape["by_tree_tokens"]:
+        by_context.setdefault(r["context"], []).append((r["tokens"] - 1, r["ms"]))
+    return {c: CostModel(tuple(sorted(points))) for c, points in by_context.items()}
+
+
+def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of) -> list[dict]:
+    """Per prompt: tokens after the first pass, passes, tree nodes, drafting ms and pass ms (cost_of(context)
+    prices each pass)."""
+    drafter = make_drafter(drafter_name, max_nodes=max_tree, tokenizer=recorded.tokenizer, eos_ids=recorded.eos_ids)
+    controller = TreeSizeController(max_tree)
+    out = []
+    for p in recorded.prompts:
+        ids = recorded.prompt_ids[p.id]
+        cost = cost_of(len(ids))
+        session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost)
+        r = generate(session, (), drafter, controller)
+        assert r.token_ids == recorded.refs[p.id]
+        out.append({"prompt": p.id, "category": p.category, "context": len(ids), "tokens": len(r.token_ids) - 1,
+                    "passes": r.rounds - 1, "nodes": sum(r.tree_sizes[1:]), "draft_ms": sum(r.draft_ms[1:]),
+                    "pass_ms": sum(session.pass_ms[1:]), "plain_ms": (len(r.token_ids) - 1) * cost.ms(0)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("gpu", type=Path, help="bench/gpu_bench.py's JSON")
+    ap.add_argument("runs", type=Path, help="runs.jsonl of a `specedge bench` run that included `ar`")
+    ap.add_argument("--model", default="smollm2-135m", help="the recorded run's target (its tokenizer)")
+    ap.add_argument("--shapes", default=None, help="GPU shapes whose costs to use (default: the model's own)")
+    ap.add_argument("--chat", action="store_true", help="the prompts in the model's chat template (as the run had)")
+    ap.add_argument("--drafter", default="retrieval")
+    ap.add_argument("--max-tree", type=int, default=64, help="most nodes per tree, one client")
+    ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    args = ap.parse_args()
+    gpu = json.loads(args.gpu.read_text())
+    shapes = {s["shape"]: s for s in gpu["shapes"]}
+    recorded = Recorded.load(args.runs, args.model, args.chat)
+    results = {"gpu": gpu["info"], "runs": str(args.runs), "model": args.model, "drafter": args.drafter,
+               "prompts": len(recorded.prompts), "shapes": {}}
+    print(f"{len(recorded.prompts)} recorded prompts of {args.model}; GPU: {gpu['info']}")
+    for name in (args.shapes or args.model).split(","):
+        shape = shapes[name]
+        costs = single_session_costs(shape)
+        nearest = lambda context: costs[min(costs, key=lambda c: abs(c - context))]  # noqa: E731
+        rows = replay(recorded, args.drafter, args.max_tree, nearest)
+        single = {}
+        for cat in sorted({r["category"] for r in rows}) + ["all"]:
+            mine = [r for r in rows if cat in ("all", r["category"])]
+            spec_ms = sum(r["pass_ms"] + r["draft_ms"] for r in mine)
+            single[cat] = {"speedup": sum(r["plain_ms"] for r in mine) / spec_ms,
+                           "tokens_per_pass": sum(r["tokens"] for r in mine) / sum(r["passes"] for r in mine),
+                           "nodes_per_pass": sum(r["nodes"] for r in mine) / sum(r["passes"] for r in mine),
+                           "draft_ms_per_pass": sum(r["draft_ms"] for r in mine) / sum(r["passes"] for r in mine),
+                           "pass_ms_per_pass": sum(r["pass_ms"] for r in mine) / sum(r["passes"] for r in mine)}
+            s = single[cat]
+            print(f"{name:<14} one client  {cat:<14} {s['speedup']:5.2f}x  tokens/pass {s['tokens_per_pass']:.2f}  "
+                  f"nodes/pass {s['nodes_per_pass']:.1f}  pass {s['pass_ms_per_pass']:.2f} ms  "
+                  f"drafting {s['draft_ms_per_pass']:.2f} ms")
+        steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"] if r["sessions"] == CLIENTS}
+        flat = CostModel(((0, 1.0), (1, 1.0)))  # trees always at their cap: the step price is the measured one
+        many = {"server_ar_tok_s": CLIENTS / steps[1] * 1e3, "by_tree": {}}
+        for tokens_each in sorted(t for t in steps if t > 1):
+            rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat)
+            per_step = sum(r["tokens"] for r in rows_t) / sum(r["passes"] for r in rows_t)
+            draft_ms = sum(r["draft_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
+            tok_s = CLIENTS * per_step / (steps[tokens_each] + draft_ms) * 1e3
+            many["by_tree"][tokens_each - 1] = {"tokens_per_step": per_step, "step_ms": steps[tokens_each],
+                                                "draft_ms": draft_ms, "tok_s": tok_s,
+                                                "vs_server_ar": tok_s / many["server_ar_tok_s"]}
+        best = max(many["by_tree"], key=lambda t: many["by_tree"][t]["tok_s"])
+        many["best_tree"], many["best_vs_server_ar"] = best, many["by_tree"][best]["vs_server_ar"]
+        print(f"{name:<14} {CLIENTS} clients  server-side decoding {many['server_ar_tok_s']:.0f} tok/s; " + "; ".join(
+            f"trees of {t}: {v['tokens_per_step']:.2f} tok/step, {v['step_ms']:.1f}+{v['draft_ms']:.1f} ms, "
+            f"{v['vs_server_ar']:.2f}x" for t, v in many["by_tree"].items()))
+        results["shapes"][name] = {"one_client": single, "clients_16": many,
+                                   "median_draft_ms": statistics.median(r["draft_ms"] / max(1, r["passes"])
+                                                                        for r in rows)}
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
