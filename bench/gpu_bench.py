@@ -96,16 +96,19 @@ def timed_steps(engine: Engine, work_of, reps: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def open_sessions(engine: Engine, count: int, context: int, rng: random.Random) -> list:
-    seqs = [engine.add_sequence([rng.randrange(3, engine.vocab_size) for _ in range(context)], GREEDY)
+def open_sessions(engine: Engine, count: int, context: int, rng: random.Random, hints: int = 0) -> list:
+    seqs = [engine.add_sequence([rng.randrange(3, engine.vocab_size) for _ in range(context)], GREEDY, hints)
             for _ in range(count)]
     for at in range(0, count, 8):  # prefilled a few at a time, as the scheduler's token budget would
         engine.step([(s, DraftTree.empty()) for s in seqs[at : at + 8]])
     return seqs
 
 
-def pass_cost(engine: Engine, sessions: int, tree: int, context: int, reps: int, rng: random.Random) -> float:
-    seqs = open_sessions(engine, sessions, context, rng)
+def pass_cost(engine: Engine, sessions: int, tree: int, context: int, reps: int, rng: random.Random,
+              hints: int = 0) -> float:
+    """Median ms of a step of `sessions` sessions at `context` tokens, each verifying a tree of `tree` nodes
+    (with `hints` hint tokens per row, 0 = none)."""
+    seqs = open_sessions(engine, sessions, context, rng, hints)
     ms = timed_steps(engine, lambda: [(s, random_tree(tree, engine.vocab_size, rng)) for s in seqs], reps)
     for s in seqs:
         engine.release(s)
@@ -167,7 +170,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> dict:
     rng = random.Random(0)
     hf = random_model(name, device, dtype)
-    runner_tokens = 64 * (args.context + 3 * args.reps + 64) + 2 * (2048 + 512)
+    runner_tokens = max(args.sessions) * (args.contexts[0] + 3 * args.reps + 64) + 2 * (max(args.contexts) + 512)
     per_token = KVBlockPool.block_bytes(1, hf.config.num_hidden_layers, hf.config.num_key_value_heads,
                                         hf.config.head_dim, dtype)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=runner_tokens * per_token, device=device, dtype=dtype)
@@ -199,21 +202,21 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
     result["decode_step"] = step_breakdown(engine, prompt, args.reps)
     log(f"{name}: a decoding step: {result['decode_step']}")
 
-    result["by_tree_tokens"] = []
-    for context in (args.context, 2048):
-        for tree in TREE_TOKENS:
-            ms = pass_cost(engine, 1, tree, context, args.reps, rng)
-            result["by_tree_tokens"].append({"context": context, "tokens": tree + 1, "ms": ms})
-        log(f"{name}: one session at context {context}, pass ms by tokens: "
-            + " ".join(f"{r['tokens']}:{r['ms']:.2f}" for r in result["by_tree_tokens"] if r["context"] == context))
-    result["by_sessions"] = []
-    for sessions in SESSIONS:
-        for tree in TREE_PER_SESSION:
-            ms = pass_cost(engine, sessions, tree, args.context, args.reps, rng)
-            result["by_sessions"].append({"context": args.context, "sessions": sessions, "tokens_each": tree + 1,
-                                          "ms": ms})
-        log(f"{name}: {sessions} sessions, pass ms by tokens each: " + " ".join(
-            f"{r['tokens_each']}:{r['ms']:.2f}" for r in result["by_sessions"] if r["sessions"] == sessions))
+    result["by_tree_tokens"], result["by_sessions"] = [], []
+    for hints in sorted({0, args.hints}):
+        for context in args.contexts:
+            rows = [{"context": context, "tokens": tree + 1, "hints": hints,
+                     "ms": pass_cost(engine, 1, tree, context, args.reps, rng, hints)} for tree in TREE_TOKENS]
+            result["by_tree_tokens"] += rows
+            log(f"{name}: one session at context {context}, hints {hints}, pass ms by tokens: "
+                + " ".join(f"{r['tokens']}:{r['ms']:.2f}" for r in rows))
+        for sessions in args.sessions:
+            rows = [{"context": args.contexts[0], "sessions": sessions, "tokens_each": tree + 1, "hints": hints,
+                     "ms": pass_cost(engine, sessions, tree, args.contexts[0], args.reps, rng, hints)}
+                    for tree in TREE_PER_SESSION]
+            result["by_sessions"] += rows
+            log(f"{name}: {sessions} sessions, hints {hints}, pass ms by tokens each: "
+                + " ".join(f"{r['tokens_each']}:{r['ms']:.2f}" for r in rows))
     result["graphs_captured"] = len(engine.graphs.graphs) if engine.graphs else 0
     result["graphs_enabled"] = bool(engine.graphs and engine.graphs.enabled)
     del engine, hf
@@ -227,17 +230,22 @@ def main() -> None:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--context", type=int, default=512, help="tokens of context per session")
+    p.add_argument("--contexts", default="512,2048", help="tokens of context per session (the first: for the "
+                   "sessions sweep)")
+    p.add_argument("--sessions", default=",".join(map(str, SESSIONS)), help="sessions per step to sweep")
+    p.add_argument("--hints", type=int, default=0, help="also measure with this many hint tokens per row")
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="a smoke run: few sessions, short contexts")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.sessions = [int(n) for n in args.sessions.split(",")]
     if args.quick:
-        global SESSIONS, TREE_TOKENS, TREE_PER_SESSION
-        SESSIONS, TREE_TOKENS, TREE_PER_SESSION = [1, 2], [0, 7], [0, 4]
-        args.context, args.reps, args.decode_reps, args.new_tokens = 64, 2, 1, 8
+        global TREE_TOKENS, TREE_PER_SESSION
+        TREE_TOKENS, TREE_PER_SESSION = [0, 7], [0, 4]
+        args.contexts, args.sessions, args.reps, args.decode_reps, args.new_tokens = [64], [1, 2], 2, 1, 8
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     info = {"torch": torch.__version__}
     if device.type == "cuda":

@@ -24,38 +24,42 @@ import json
 import statistics
 from pathlib import Path
 
-from specedge.bench.replay import Recorded, ReplaySession
+from specedge.bench.replay import Recorded, ReplaySession, recorded_hints
 from specedge.common.cost_model import CostModel
+from specedge.common.hints import DEFAULT_HINTS_TOP_K
 from specedge.edge.controller import TreeSizeController
+from specedge.edge.drafter import hints_wanted
 from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
 
 CLIENTS = 16
 
 
-def single_session_costs(shape: dict) -> dict[int, CostModel]:
+def single_session_costs(shape: dict, hints: int) -> dict[int, CostModel]:
     """context -> cost by tree tokens (a pass computes tree tokens + 1), one session per step."""
     by_context: dict[int, list] = {}
     for r in shape["by_tree_tokens"]:
-        by_context.setdefault(r["context"], []).append((r["tokens"] - 1, r["ms"]))
+        if r.get("hints", 0) == hints:
+            by_context.setdefault(r["context"], []).append((r["tokens"] - 1, r["ms"]))
     return {c: CostModel(tuple(sorted(points))) for c, points in by_context.items()}
 
 
-def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of) -> list[dict]:
+def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints: dict | None) -> list[dict]:
     """Per prompt: tokens after the first pass, passes, tree nodes, drafting ms and pass ms (cost_of(context)
-    prices each pass)."""
+    prices each pass); `hints`: the target's recorded top k per output position (None: no hints)."""
     drafter = make_drafter(drafter_name, max_nodes=max_tree, tokenizer=recorded.tokenizer, eos_ids=recorded.eos_ids)
     controller = TreeSizeController(max_tree)
     out = []
     for p in recorded.prompts:
         ids = recorded.prompt_ids[p.id]
         cost = cost_of(len(ids))
-        session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost)
+        given = hints.get(p.id) if hints is not None and hints_wanted(drafter) else None
+        session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost, hints=given)
         r = generate(session, (), drafter, controller)
         assert r.token_ids == recorded.refs[p.id]
         out.append({"prompt": p.id, "category": p.category, "context": len(ids), "tokens": len(r.token_ids) - 1,
                     "passes": r.rounds - 1, "nodes": sum(r.tree_sizes[1:]), "draft_ms": sum(r.draft_ms[1:]),
-                    "pass_ms": sum(session.pass_ms[1:]), "plain_ms": (len(r.token_ids) - 1) * cost.ms(0)})
+                    "pass_ms": sum(session.pass_ms[1:])})
     return out
 
 
@@ -68,19 +72,29 @@ def main() -> None:
     ap.add_argument("--chat", action="store_true", help="the prompts in the model's chat template (as the run had)")
     ap.add_argument("--drafter", default="retrieval")
     ap.add_argument("--max-tree", type=int, default=64, help="most nodes per tree, one client")
+    ap.add_argument("--hints", action="store_true",
+                    help="verdicts carry the verifier's hints as far as the recorded output tells them (replay.py's "
+                         "`--hints on-path`), and passes cost what the GPU measured with hints")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     gpu = json.loads(args.gpu.read_text())
     shapes = {s["shape"]: s for s in gpu["shapes"]}
     recorded = Recorded.load(args.runs, args.model, args.chat)
+    hints = recorded_hints(args.runs, args.model, recorded.prompt_ids, recorded.refs) if args.hints else None
+    hint_tokens = DEFAULT_HINTS_TOP_K if args.hints else 0
     results = {"gpu": gpu["info"], "runs": str(args.runs), "model": args.model, "drafter": args.drafter,
+               "hints": hint_tokens,
                "prompts": len(recorded.prompts), "shapes": {}}
     print(f"{len(recorded.prompts)} recorded prompts of {args.model}; GPU: {gpu['info']}")
     for name in (args.shapes or args.model).split(","):
         shape = shapes[name]
-        costs = single_session_costs(shape)
-        nearest = lambda context: costs[min(costs, key=lambda c: abs(c - context))]  # noqa: E731
-        rows = replay(recorded, args.drafter, args.max_tree, nearest)
+        costs, plain = single_session_costs(shape, hint_tokens), single_session_costs(shape, 0)
+        if not costs:
+            raise SystemExit(f"{args.gpu} has no one-session costs of {name} with {hint_tokens} hint tokens")
+        nearest = lambda context, costs=costs: costs[min(costs, key=lambda c: abs(c - context))]  # noqa: E731
+        rows = replay(recorded, args.drafter, args.max_tree, nearest, hints)
+        for r in rows:  # plain decoding: a one-token pass per token, no hints
+            r["plain_ms"] = r["tokens"] * nearest(r["context"], plain).ms(0)
         single = {}
         for cat in sorted({r["category"] for r in rows}) + ["all"]:
             mine = [r for r in rows if cat in ("all", r["category"])]
@@ -94,11 +108,14 @@ def main() -> None:
             print(f"{name:<14} one client  {cat:<14} {s['speedup']:5.2f}x  tokens/pass {s['tokens_per_pass']:.2f}  "
                   f"nodes/pass {s['nodes_per_pass']:.1f}  pass {s['pass_ms_per_pass']:.2f} ms  "
                   f"drafting {s['draft_ms_per_pass']:.2f} ms")
-        steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"] if r["sessions"] == CLIENTS}
+        steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"]
+                 if r["sessions"] == CLIENTS and r.get("hints", 0) == hint_tokens}
+        plain_steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"]
+                       if r["sessions"] == CLIENTS and r.get("hints", 0) == 0}
         flat = CostModel(((0, 1.0), (1, 1.0)))  # trees always at their cap: the step price is the measured one
-        many = {"server_ar_tok_s": CLIENTS / steps[1] * 1e3, "by_tree": {}}
+        many = {"server_ar_tok_s": CLIENTS / plain_steps[1] * 1e3, "by_tree": {}}
         for tokens_each in sorted(t for t in steps if t > 1):
-            rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat)
+            rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints)
             per_step = sum(r["tokens"] for r in rows_t) / sum(r["passes"] for r in rows_t)
             draft_ms = sum(r["draft_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
             tok_s = CLIENTS * per_step / (steps[tokens_each] + draft_ms) * 1e3

@@ -82,10 +82,11 @@ class Engine:
         `n` prompt tokens of each (sequence, n) in `chunks` (a long prefill split across steps: no verdict,
         at least its last prompt token left for the step that verifies its tree); commit verdicts."""
         verdicts = []
-        for (seq, tree), (logits, argmax) in zip(work, self._on_host(work, self.forward(work, chunks))):
-            verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids), argmax)
-            if seq.hints_top_k:
-                verdict.hints = top_k_hints(logits, seq.hints_top_k, seq.params.temperature)
+        logits = self.forward(work, chunks)
+        for (seq, tree), rows, (host_rows, argmax) in zip(work, logits, self._on_host(work, logits)):
+            verdict = verify_tree(tree, host_rows, seq.params, seq.draws, len(seq.token_ids), argmax)
+            if seq.hints_top_k:  # from the rows where they lie: off the CPU only the hints come back
+                verdict.hints = top_k_hints(rows, seq.hints_top_k, seq.params.temperature)
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
         for seq, n in chunks:
@@ -116,12 +117,12 @@ class Engine:
 
     def _on_host(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]
                  ) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        """(logits, argmax) per sequence on the CPU, for the verdicts. Off the CPU, a greedy sequence without
-        hints brings back only its rows' argmax (at a 128k vocabulary a row of logits is 0.5 MB); the others
-        bring back their logits in float32. One transfer each way, whatever the batch."""
+        """(logits, argmax) per sequence on the CPU, for the verdicts. Off the CPU, a greedy sequence brings
+        back only its rows' argmax (at a 128k vocabulary a row of logits is 0.5 MB); a sampling one brings
+        back its logits in float32. One transfer each, whatever the batch."""
         if self.device.type == "cpu" or not work:
             return [(rows, None) for rows in logits]
-        needs_logits = [not seq.params.greedy or seq.hints_top_k > 0 for seq, _ in work]
+        needs_logits = [not seq.params.greedy for seq, _ in work]
         argmax = torch.cat(logits).argmax(-1).cpu().split([len(rows) for rows in logits])
         full = [rows for rows, needed in zip(logits, needs_logits) if needed]
         full = iter(torch.cat(full).float().cpu().split([len(rows) for rows in full]) if full else [])

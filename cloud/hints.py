@@ -21,10 +21,12 @@ ROWS_AT_ONCE = 4  # the normaliser's scratch rows: reused, so a 65-row Gemma ste
 def top_k_hints(logits: torch.Tensor, k: int, temperature: float = 0.0) -> Hints:
     """Each row's k most likely tokens and their probabilities at `temperature` (0, greedy, reads as 1).
 
-    `logits` is [rows, V]."""
+    `logits` is [rows, V]; off the CPU they are computed where they lie, and only the hints come back."""
     logits = logits.detach().float().contiguous()
-    values, ids = _top_k(logits, min(k, logits.shape[-1]))
     scale = 1.0 / temperature if temperature > 0 else 1.0
+    if logits.device.type != "cpu":
+        return top_k_hints_plain(logits, k, scale)
+    values, ids = _top_k(logits, min(k, logits.shape[-1]))
     top = values[:, :1]
     norm = torch.empty(len(logits), 1)  # sum of exp((logit - max) * scale)
     scratch = torch.empty(min(ROWS_AT_ONCE, len(logits)), logits.shape[-1])
@@ -36,6 +38,16 @@ def top_k_hints(logits: torch.Tensor, k: int, temperature: float = 0.0) -> Hints
         norm[rows] = shifted.exp_().sum(-1, keepdim=True)
     probs = ((values - top) * scale).exp_().div_(norm)
     return Hints(ids.tolist(), probs.tolist())
+
+
+def top_k_hints_plain(logits: torch.Tensor, k: int, scale: float = 1.0) -> Hints:
+    """The same hints from torch.topk and logsumexp: what a GPU runs fast (the blocked search above is for
+    the CPU's few cores)."""
+    values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    top = values[:, :1]
+    log_norm = torch.logsumexp((logits - top) * scale, dim=-1, keepdim=True)
+    probs = ((values - top) * scale - log_norm).exp()
+    return Hints(ids.cpu().tolist(), probs.cpu().tolist())
 
 
 def _top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

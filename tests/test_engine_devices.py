@@ -104,6 +104,22 @@ def test_bfloat16_speculation_changes_no_greedy_token(arch, device):
         assert greedy_decode(engine, prompts, NEW_TOKENS, guide=plain, seed=seed) == plain
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_hints_on_a_device_are_the_cpus(device):
+    """Off the CPU the hints are computed where the logits lie; they name the same tokens."""
+    prompts = prompts_for(512, seed=2)
+    trees = [DraftTree([5, 6, 7], [-1, 0, -1]), DraftTree.empty(), DraftTree([9], [-1])]
+    hints = []
+    for where in ("cpu", device):
+        engine = Engine.from_hf_model(tiny("llama"), kv_pool_bytes=8 << 20, block_size=4, device=where,
+                                      dtype=torch.float32)
+        seqs = [engine.add_sequence(p, GREEDY, hints_top_k=4) for p in prompts]
+        hints.append([v.hints for v in engine.step(list(zip(seqs, trees)))])
+    for on_cpu, on_device, tree in zip(*hints, trees):
+        assert len(on_device.ids) == len(tree) + 1 and on_device.ids == on_cpu.ids
+        assert max(abs(a - b) for x, y in zip(on_cpu.probs, on_device.probs) for a, b in zip(x, y)) <= 1e-4
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

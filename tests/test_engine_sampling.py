@@ -2,9 +2,12 @@
 plain sampling (no draft), sample-and-descend over deterministic (retrieval-like) drafts, and recursive
 rejection sampling over drafts sampled from a drafter model's proposal q. Tiny model, 16-token vocabulary,
 thousands of seeds batched into engine steps, chi-square against the exact pair distribution
-p(x1) p(x2 | x1) computed from transformers' logits."""
+p(x1) p(x2 | x1) computed from transformers' logits (on the CPU). The engine runs on the CPU, and on CUDA
+where a GPU is visible."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -15,7 +18,7 @@ from specedge.cloud.engine import Engine
 from specedge.cloud.sampling import target_probs
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
-from tiny_models import tiny_llama
+from tiny_models import DEVICES, tiny_llama
 
 V = 16
 PROMPT = [3, 5, 7]
@@ -23,12 +26,13 @@ TRIALS = 3000
 BATCH = 500
 
 
-@pytest.fixture(scope="module")
-def models():
+@pytest.fixture(scope="module", params=DEVICES)
+def models(request):
     target, drafter = tiny_llama(vocab_size=V, seed=0), tiny_llama(vocab_size=V, seed=1)
     with torch.no_grad():  # sharper than the flat default init, so that mistakes show (see the power test)
         target.lm_head.weight.mul_(4)
-    return target, drafter, Engine.from_hf_model(target, kv_pool_bytes=64 << 20, block_size=4)
+    engine = Engine.from_hf_model(copy.deepcopy(target), kv_pool_bytes=64 << 20, block_size=4, device=request.param)
+    return target, drafter, engine
 
 
 def next_logits(model, contexts: list[list[int]]) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
-from specedge.cloud.hints import top_k_hints
+from specedge.cloud.hints import top_k_hints, top_k_hints_plain
 from specedge.cloud.launch import EmbeddedVerifier
 from specedge.cloud.local import LocalVerifier
 from specedge.common import wire
@@ -29,9 +29,13 @@ GREEDY = SamplingParams(max_new_tokens=12)
 
 @pytest.mark.parametrize("vocab", [10, 300, 4096, 49152, 49157])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
-def test_hints_are_the_top_k_of_the_softmax_at_the_sessions_temperature(vocab, temperature):
+@pytest.mark.parametrize("way", ["cpu", "plain"])  # plain: what runs off the CPU, here on CPU tensors
+def test_hints_are_the_top_k_of_the_softmax_at_the_sessions_temperature(vocab, temperature, way):
     logits = torch.randn(9, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
-    hints = top_k_hints(logits, 8, temperature)
+    if way == "cpu":
+        hints = top_k_hints(logits, 8, temperature)
+    else:
+        hints = top_k_hints_plain(logits, 8, 1.0 / temperature if temperature else 1.0)
     want = torch.softmax(logits / (temperature or 1.0), dim=-1).topk(min(8, vocab), dim=-1)
     assert hints.ids == want.indices.tolist()
     assert torch.allclose(torch.tensor(hints.probs), want.values, rtol=1e-4, atol=1e-7)
