@@ -25,9 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
-from specedge.common.session import StepResult
 
 
 @dataclass
