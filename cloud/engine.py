@@ -21,6 +21,7 @@ from specedge.cloud.models import build_runner
 from specedge.cloud.sampling import Draws
 from specedge.cloud.tree_mask import step_mask
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.params import SamplingParams
 
 
@@ -49,6 +50,9 @@ class Engine:
         # them off and on.
         self.graphs = GraphedForward(runner.forward) if cuda_graphs and self.device.type == "cuda" else None
         self._forward = self.graphs or runner.forward
+        # Sessions' hints from one top-k over all their rows: off the CPU (one transfer instead of one per
+        # session); on the CPU each session's rows are read where they are, without copying them together.
+        self.batch_hints = self.device.type != "cpu"
         self._ids = itertools.count()
 
     @classmethod
@@ -83,10 +87,10 @@ class Engine:
         at least its last prompt token left for the step that verifies its tree); commit verdicts."""
         verdicts = []
         logits = self.forward(work, chunks)
-        for (seq, tree), rows, (host_rows, argmax) in zip(work, logits, self._on_host(work, logits)):
+        hints = self._hints(work, logits)
+        for (seq, tree), (host_rows, argmax), seq_hints in zip(work, self._on_host(work, logits), hints):
             verdict = verify_tree(tree, host_rows, seq.params, seq.draws, len(seq.token_ids), argmax)
-            if seq.hints_top_k:  # from the rows where they lie: off the CPU only the hints come back
-                verdict.hints = top_k_hints(rows, seq.hints_top_k, seq.params.temperature)
+            verdict.hints = seq_hints
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
         for seq, n in chunks:
@@ -114,6 +118,27 @@ class Engine:
         batch, logits_rows = self._build_batch(items, logits_for=len(work))
         logits = self._forward(batch.to(self.device), self.pool, logits_rows.to(self.device))
         return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+
+    def _hints(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]) -> list[Hints | None]:
+        """The hints of each sequence that asked for them, from its rows where they lie. Off the CPU the
+        sequences that ask with the same k and temperature share one top-k over all their rows, so that a
+        step brings hints back in one transfer instead of one per session."""
+        hints: list[Hints | None] = [None] * len(work)
+        asking: dict[tuple, list[int]] = {}
+        for i, (seq, _) in enumerate(work):
+            if seq.hints_top_k:
+                key = (seq.hints_top_k, seq.params.temperature) + (() if self.batch_hints else (i,))
+                asking.setdefault(key, []).append(i)
+        for members in asking.values():
+            seq = work[members[0]][0]
+            rows = logits[members[0]] if len(members) == 1 else torch.cat([logits[i] for i in members])
+            together = top_k_hints(rows, seq.hints_top_k, seq.params.temperature)
+            at = 0
+            for i in members:
+                n = len(logits[i])
+                hints[i] = Hints(together.ids[at : at + n], together.probs[at : at + n])
+                at += n
+        return hints
 
     def _on_host(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]
                  ) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:

@@ -106,13 +106,16 @@ def test_bfloat16_speculation_changes_no_greedy_token(arch, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_hints_on_a_device_are_the_cpus(device):
-    """Off the CPU the hints are computed where the logits lie; they name the same tokens."""
+    """Off the CPU the hints are computed where the logits lie, the sessions' rows together; they name the
+    same tokens as the CPU's, one session at a time (and together, as they are off the CPU)."""
     prompts = prompts_for(512, seed=2)
     trees = [DraftTree([5, 6, 7], [-1, 0, -1]), DraftTree.empty(), DraftTree([9], [-1])]
     hints = []
-    for where in ("cpu", device):
+    for where, together in (("cpu", False), (device, True)):
         engine = Engine.from_hf_model(tiny("llama"), kv_pool_bytes=8 << 20, block_size=4, device=where,
                                       dtype=torch.float32)
+        assert engine.batch_hints == (where != "cpu")
+        engine.batch_hints = together
         seqs = [engine.add_sequence(p, GREEDY, hints_top_k=4) for p in prompts]
         hints.append([v.hints for v in engine.step(list(zip(seqs, trees)))])
     for on_cpu, on_device, tree in zip(*hints, trees):
