@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Every benchmark behind BENCHMARKS.md sections 2, 3, 6, 7 and 8, one after another (run nothing else
+# Every benchmark behind BENCHMARKS.md sections 2, 3, 6, 7, 8 and 9 (its CPU side), one after another (run nothing else
 # meanwhile: the machine has 2 cores). About 4 hours on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
 #                                               model-drafting model-mix hints-cost hints-main hints-other
-#                                               hints-replay edge-network
+#                                               hints-replay edge-network gpu-refs gpu-projection
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix \
-  hints-cost hints-main hints-other hints-replay edge-network)
+  hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -53,6 +53,19 @@ for step in "${steps[@]}"; do
       $BIN/specedge bench --workload specbench:summarization,rag --per-category 3 --max-new-tokens 96 --reps 2 \
         --chat --rtt-ms 0,80,150 --tree-size adaptive,8,32 --overlap on,off --baselines server-ar,remote-ar \
         --out $OUT/edge-network ;;
+    gpu-refs)  # section 9: the greedy outputs whose acceptance the GPU projection replays (committed as refs-*.jsonl)
+      $BIN/specedge bench --workload specbench:summarization,rag --per-category 6 --max-new-tokens 128 --reps 1 \
+        --chat --drafters retrieval --baselines ar --out $OUT/gpu-refs-smollm2
+      $BIN/specedge bench --model gemma3-270m --workload specbench:summarization,rag --per-category 6 \
+        --max-new-tokens 128 --reps 1 --drafters retrieval --baselines ar --out $OUT/gpu-refs-gemma3 ;;
+    gpu-projection)  # section 9: GPU pass costs (measured on an H200) x acceptance replayed from the refs
+      G=docs/benchmarks/gpu
+      $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-smollm2-135m.jsonl --model smollm2-135m --chat \
+        --shapes smollm2-135m,llama-1b,llama-8b --out $OUT/projection-smollm2-135m.json
+      $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-smollm2-135m.jsonl --model smollm2-135m --chat \
+        --shapes smollm2-135m,llama-1b,llama-8b --hints --out $OUT/projection-smollm2-135m-hints.json
+      $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-gemma3-270m.jsonl --model gemma3-270m \
+        --shapes gemma3-270m --out $OUT/projection-gemma3-270m.json ;;
     hints-replay)  # section 7: tokens per pass with every node's hints from the model, CPU and free passes
       for cost in ${HINTS_REPLAY_COSTS:-cpu flat}; do
         $BIN/python bench/replay.py $OUT/hints-main/runs.jsonl --chat --hints model --cost $cost --by-source \
