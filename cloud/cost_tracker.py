@@ -11,15 +11,28 @@ from specedge.common.cost_model import CostModel
 # (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used for sizes not measured yet.
 PRIOR_RELATIVE = {0: 1.0, 1: 1.03, 2: 1.03, 3: 1.05, 4: 1.27, 6: 1.37, 8: 1.49, 12: 1.68, 16: 1.97, 24: 2.38,
                   32: 2.8, 64: 4.4, 128: 7.8}
+# The same on a GPU: one session of the Llama-3.1-8B shape on an H200, 512-token context (BENCHMARKS.md
+# section 9; the steepest of the shapes measured there). A pass is nearly flat in its tokens.
+GPU_PRIOR_RELATIVE = {0: 1.0, 1: 1.06, 2: 1.07, 3: 1.09, 4: 1.09, 6: 1.1, 8: 1.11, 12: 1.18, 16: 1.22, 24: 1.24,
+                      32: 1.25, 64: 1.31, 128: 1.43}
+assert GPU_PRIOR_RELATIVE.keys() == PRIOR_RELATIVE.keys()  # the same buckets
 
 
 class CostTracker:
     """Exponential moving averages of measured pass times in power-of-two buckets of tree tokens."""
 
-    def __init__(self, base_ms: float = 50.0, alpha: float = 0.2) -> None:
+    def __init__(self, base_ms: float = 50.0, alpha: float = 0.2, prior: dict[int, float] = PRIOR_RELATIVE) -> None:
         self.alpha = alpha
         self.base_ms = base_ms
+        self.prior = prior
         self.measured: dict[int, float] = {}  # bucket (a key of PRIOR_RELATIVE) -> ms
+
+    @classmethod
+    def for_device(cls, device) -> CostTracker:
+        """A tracker whose prior (for sizes not measured yet) is the curve of `device`'s kind."""
+        if getattr(device, "type", device) == "cuda":
+            return cls(base_ms=8.0, prior=GPU_PRIOR_RELATIVE)
+        return cls()
 
     @staticmethod
     def bucket(tree_tokens: int) -> int:
@@ -35,11 +48,11 @@ class CostTracker:
         """Measured buckets as they are; the others scaled from the prior by the nearest measured one."""
         if self.measured:
             smallest = min(self.measured)
-            scale = self.measured[smallest] / PRIOR_RELATIVE[smallest]
+            scale = self.measured[smallest] / self.prior[smallest]
         else:
             scale = self.base_ms
         points, last = [], 0.0
-        for n, rel in PRIOR_RELATIVE.items():
+        for n, rel in self.prior.items():
             ms = self.measured.get(n, scale * rel)
             last = max(last, ms)  # a pass with more tokens never costs less: smooth out noise
             points.append((n, last))

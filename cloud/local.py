@@ -49,7 +49,7 @@ class LocalVerifier:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.costs = CostTracker()
+        self.costs = CostTracker.for_device(engine.device)
 
     def open(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> LocalSession:
         """`hints_top_k` > 0: every step's result carries the target's hints (common/hints.py)."""

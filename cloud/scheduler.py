@@ -73,7 +73,7 @@ class VerifyScheduler:
         self.engine = engine
         self.limits = limits
         self.gather_s = gather_ms / 1e3
-        self.costs = CostTracker()
+        self.costs = CostTracker.for_device(engine.device)
         self.on_step = on_step
         self.on_failure = on_failure
         self.failure: BaseException | None = None  # what ended the scheduler, if an error did

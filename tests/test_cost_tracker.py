@@ -1,0 +1,28 @@
+"""The verifier's advertised cost model: measured pass times where it has them, the prior of its device's
+kind scaled to them elsewhere (so that clients size trees sensibly before every size has been seen)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specedge.cloud.cost_tracker import GPU_PRIOR_RELATIVE, PRIOR_RELATIVE, CostTracker
+
+
+def test_unmeasured_sizes_are_priced_from_the_prior_scaled_to_the_measured_ones():
+    tracker = CostTracker.for_device(torch.device("cpu"))
+    assert tracker.model().ms(32) == pytest.approx(50.0 * PRIOR_RELATIVE[32])  # nothing measured: the base
+    tracker.observe(0, 20.0)
+    model = tracker.model()
+    assert model.ms(0) == 20.0 and model.ms(32) == pytest.approx(20.0 * PRIOR_RELATIVE[32])
+    tracker.observe(32, 70.0)  # a measurement replaces the prior at its size
+    assert tracker.model().ms(32) == 70.0
+
+
+def test_a_gpu_verifier_advertises_nearly_flat_costs_before_measuring_them():
+    gpu, cpu = CostTracker.for_device("cuda"), CostTracker.for_device("cpu")
+    for tracker in (gpu, cpu):
+        tracker.observe(0, 10.0)
+    assert gpu.model().ms(32) == pytest.approx(10.0 * GPU_PRIOR_RELATIVE[32])
+    assert gpu.model().ms(32) < 13.0
+    assert cpu.model().ms(32) == pytest.approx(28.0)
