@@ -20,7 +20,6 @@ import torch
 
 from specedge.cloud.attention import StepBatch
 from specedge.cloud.kv_pool import KVBlockPool
-from specedge.cloud.padded_attention import PaddedGroup
 
 MAX_GRAPHS = 32
 MAX_GRAPH_TOKENS = 1024  # larger steps (prefills) are compute-bound: launching costs nothing next to them
@@ -31,7 +30,7 @@ log = logging.getLogger(__name__)
 def _inputs(batch: StepBatch, logits_rows: torch.Tensor) -> list[torch.Tensor]:
     tensors = [batch.input_ids, batch.positions, batch.new_slots, logits_rows]
     for g in batch.padded:
-        tensors += [g.rows, g.seq_of_row, g.row_in_seq, g.gather, g.visible, g.query_pos, g.key_pos]
+        tensors += g.tensors()
     return tensors
 
 
@@ -41,8 +40,7 @@ def shape_key(batch: StepBatch, logits_rows: torch.Tensor) -> tuple:
 
 class _Graph:
     def __init__(self, forward, pool: KVBlockPool, batch: StepBatch, logits_rows: torch.Tensor, memory) -> None:
-        static_groups = [PaddedGroup(g.rows.clone(), g.seq_of_row.clone(), g.row_in_seq.clone(), g.gather.clone(),
-                                     g.visible.clone(), g.query_pos.clone(), g.key_pos.clone()) for g in batch.padded]
+        static_groups = [g.clone() for g in batch.padded]
         self.batch = StepBatch(batch.input_ids.clone(), batch.positions.clone(), batch.new_slots.clone(), [],
                                static_groups)
         self.logits_rows = logits_rows.clone()
