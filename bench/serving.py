@@ -179,7 +179,9 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
             local_methods = in_process if concurrency == 1 and level == 0 and local is not None else []
             per_method.update({m: [] for m in local_methods})
             for rep in range(args.reps):
-                for method in methods:
+                # Odd repetitions run the methods in reverse order: a host whose speed drifts during the
+                # run favours none of them.
+                for method in methods if rep % 2 == 0 else methods[::-1]:
                     link = emulated_link(args, rtt)
                     with _verifier(args, serve_args, link) as verifier:
                         warm = RemoteVerifier(verifier.target)

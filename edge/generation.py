@@ -91,7 +91,7 @@ def generate(
             sent = in_flight.popleft()
             if ahead:
                 step = session.receive()
-            elif speculate is not None and len(sent.tree):
+            elif speculate is not None:  # an empty tree's pass too: a model drafter reads the verdict-to-be
                 verdict = waiting.submit(session.step, sent.tree)
                 speculate(verdict.done)
                 step = verdict.result()

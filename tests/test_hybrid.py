@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 
 from specedge.common.draft_tree import DraftTree
+from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
+from specedge.edge.generation import generate
 from specedge.edge.hybrid import EXPLORE_SHARE, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
@@ -39,7 +41,7 @@ class Scripted:
     def end(self) -> None:
         pass
 
-    def speculate(self, stop, steps: int, then=()) -> None:
+    def speculate(self, stop, steps: int = SPECULATION_STEPS, then=()) -> None:
         self.speculated.append(steps)
         self.read_ahead = list(then)
 
@@ -355,3 +357,28 @@ def test_a_model_whose_nodes_lengthen_the_pass_more_than_they_add_stops_drafting
             hybrid.observe(tree, StepResult(tokens=[*take, 99], accepted=accepted, compute_ms=100.0))
         assert drafted[:MEASURED + 1] == [True] * MEASURED + [False]  # measuring: with the model, then without
         assert all(drafted[MEASURED + 1:]) if drafts else not any(drafted[MEASURED + 1:])
+
+
+class OneTokenSession:
+    """A verifier session that commits one token per pass and accepts no draft node."""
+
+    vocab_size, max_tree_tokens, prompt_ids = 100, 64, [1]
+    params = SamplingParams(max_new_tokens=6)
+
+    def step(self, tree: DraftTree) -> StepResult:
+        return StepResult(tokens=[7], accepted=[], compute_ms=1.0)
+
+    def cost_model(self):
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_drafter_that_speculates_gets_every_pass_even_with_nothing_to_send():
+    """A hybrid whose retrieval has nothing to send and whose model is not drafting this round sends an empty
+    tree; its model must still read the verdict-to-be during that pass, or it falls further behind every
+    round and never catches up to draft (a bug once: only non-empty trees' passes were given to it)."""
+    drafter = Scripted(DraftTree.empty())
+    generate(OneTokenSession(), (), drafter)
+    assert drafter.proposed == 6 and len(drafter.speculated) == 6
