@@ -15,9 +15,10 @@ round's time from sending the tree to the verdict, with the model (R_m: its node
 its speculation may outlast the pass) and without (R); D is the model's drafting time and B what it has
 to read first (committed tokens it did not read during the pass: a verdict's tokens beyond those it read
 ahead). The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures once
-(two rounds with the model, one without), then each bucket drafts with the model once (G differs most
-between buckets); until a bucket has more figures of its own it takes all buckets' (its G starts from
-their mean, worth PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with it loses
+(two rounds with the model, one without), then each bucket drafts with the model once where it can at
+no more than its usual cost (G differs most between buckets; a model far behind measures a bucket from
+the exploring budget below); until a bucket has more figures of its own it takes all buckets' (its G
+starts from their mean, worth PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with it loses
 R_m + D + B - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have
 set that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
 cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
@@ -34,8 +35,8 @@ beside the verifier's pass costs the edge nothing on its own device, but on a ma
 verifier (the benchmarks' two cores) it slows the pass by ~15% (BENCHMARKS.md section 6). What a rest
 leaves unread counts against the round that drafts after it (B), and the budget of an exploring round
 pays for it: B if it is read before drafting, or what reading it during the passes before slows them by
-(measured: rounds in which the model read against rounds in which it rested), which is nothing where edge
-and verifier are separate machines.
+(measured: rounds in which the model read against rounds in which it rested; READING_SLOWS_PRIOR until
+then), which is nothing where edge and verifier are separate machines.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -74,6 +75,8 @@ PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in r
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
+SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
+READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
@@ -87,7 +90,8 @@ class HybridDrafter:
         rows = len(EXPECTED_EDGES) + 2  # one per bucket, and the last for all buckets together (ALL)
         self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
-        self._quiet_ms = np.full((rows, 2), np.nan)  # R of rounds without its nodes: it rested, it read (EMAs)
+        # R of rounds without its nodes by the tree's size (a pass's time grows with it): it rested, it read
+        self._quiet_ms = np.full((len(SIZE_EDGES) + 1, 2), np.nan)
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
@@ -120,8 +124,8 @@ class HybridDrafter:
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
             return READ, False  # a round without the model, which times R
-        if not self._gain[b, 1]:  # G differs most between buckets: each measures it once, not after a rest
-            return DRAFT if behind_ms <= self.model_ms else READ, False
+        if not self._gain[b, 1] and behind_ms <= self.model_ms:
+            return DRAFT, False  # G differs most between buckets: each measures it once where that is cheap
         # A bucket's own figures where it has them, all buckets' until then: G starts from the mean of all
         # buckets', worth PRIOR_ROUNDS of its own. The model's nodes and speculation can only delay the
         # verdict: a round that took less time with them committed fewer tokens (a pass's time grows with
@@ -150,19 +154,26 @@ class HybridDrafter:
         if self._explore_ms[b] >= loss + behind_ms:
             self._explore_ms[b] -= loss + behind_ms
             return DRAFT, pays
-        slowed = self._slowed_by_reading(b)
+        slowed = self._slowed_by_reading()
         reading = slowed * behind_ms if slowed else 0.0  # (behind_ms is infinite while it reads a backlog)
         if self._explore_ms[b] >= loss + reading:
             self._explore_ms[b] -= reading
             return READ, pays
         return REST, pays
 
-    def _slowed_by_reading(self, b: int) -> float:
+    def _slowed_by_reading(self) -> float:
         """By what share the verifier's pass is slower while the model reads beside it, from rounds without
-        the model's nodes in which it read and in which it rested (in bucket `b` where it has both): ~0.15
-        on two cores of one machine (BENCHMARKS.md section 6), nothing where edge and verifier are apart."""
-        rested, read = self._quiet_ms[b] if not np.isnan(self._quiet_ms[b]).any() else self._quiet_ms[ALL]
-        return 0.0 if np.isnan(rested) or np.isnan(read) else max(0.0, read / rested - 1.0)
+        the model's nodes in which it read and in which it rested, trees of like size compared (the rounds
+        in which a model reads a new prompt send small trees): ~0.15 on two cores of one machine
+        (BENCHMARKS.md section 6), nothing where edge and verifier are apart.
+        Until both are measured, READING_SLOWS_PRIOR: a model that has not read yet must not start reading a
+        long prompt beside the pass on the guess that reading is free (on a shared machine it slowed every
+        pass of a generation and never drafted)."""
+        both = ~np.isnan(self._quiet_ms).any(axis=1)
+        if not both.any():
+            return READING_SLOWS_PRIOR
+        rested, read = self._quiet_ms[both].T
+        return max(0.0, float(np.mean(read / rested)) - 1.0)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round = True
@@ -250,9 +261,9 @@ class HybridDrafter:
             ms = (time.perf_counter() - self._sent_at) * 1e3
             for row in (b, ALL):
                 self._round_ms[row, int(model_sent)] = moving_average(self._round_ms[row, int(model_sent)], ms)
-                if not model_sent:
-                    self._quiet_ms[row, int(self._model_read)] = moving_average(
-                        self._quiet_ms[row, int(self._model_read)], ms)
+            if not model_sent:
+                quiet = self._quiet_ms[int(np.searchsorted(SIZE_EDGES, sent, side="right"))]
+                quiet[int(self._model_read)] = moving_average(quiet[int(self._model_read)], ms)
         self._first_round = False
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)
