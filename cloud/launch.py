@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from specedge.cloud.engine import Engine
 from specedge.cloud.model_registry import eos_token_ids, load_model
 from specedge.cloud.server import RunningServer, start_server
 from specedge.cloud.service import ServedModel
+from specedge.common.ports import free_port
 from specedge.common.tokenizer_bundle import TokenizerBundle, tokenizer_fingerprint
 
 T = TypeVar("T")
@@ -277,9 +277,3 @@ class VerifierProcess(ServiceProcess):
 
     def __init__(self, *serve_args: str, startup_s: float = 300.0, cpus: set[int] | None = None) -> None:
         super().__init__("serve", *serve_args, startup_s=startup_s, cpus=cpus)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from test_router import wait_for
 from specedge.cloud.launch import EmbeddedVerifier
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
+from specedge.common.ports import free_port
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
 from specedge.edge.resume import ResumableSession
@@ -81,9 +81,9 @@ class Cluster:
     """Two verifiers behind a router behind the proxy; kills and restarts any of them in place."""
 
     def __init__(self) -> None:
-        self.verifiers = [tiny_verifier(), tiny_verifier()]
-        self.ports = [int(v.target.rsplit(":", 1)[1]) for v in self.verifiers]
-        self.router_port = _free_port()
+        self.ports = [free_port(), free_port()]  # not port 0's: they are restarted in place (common/ports.py)
+        self.verifiers = [verifier_on(port) for port in self.ports]
+        self.router_port = free_port()
         self.router = RouterProcess(self.router_port, self.verifiers)
         self.proxy = EmbeddedProxy(self.router.target, NETWORK)
         self.target = self.proxy.target
@@ -188,11 +188,6 @@ def test_nothing_is_lost_or_duplicated_while_verifiers_and_the_router_die_and_cl
     finally:
         cluster.stop()
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _join(threads: list[threading.Thread], timeout_s: float) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specedge.cloud.launch import free_port
+from specedge.common.ports import free_port
 
 ROOT = Path(__file__).parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())

@@ -22,6 +22,7 @@ from specedge.cloud.local import LocalVerifier
 from specedge.common.block_hash import prompt_block_hashes
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
+from specedge.common.ports import free_port
 from specedge.edge.client import ChannelConfig, RemoteVerifier, ResumableSession
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
@@ -42,16 +43,8 @@ def tiny_verifier(**config) -> EmbeddedVerifier:
 
 @pytest.fixture(scope="module")
 def server():
-    with tiny_verifier(metrics_port=_free_port()) as s:
+    with tiny_verifier(metrics_port=free_port()) as s:
         yield s
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def chain_drafts(reference: list[int], depth: int = 4):

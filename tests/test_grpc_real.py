@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ import torch
 from specedge.bench import specbench
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.launch import EmbeddedVerifier
+from specedge.common.ports import free_port
 from specedge.edge.client import AsyncEdgeClient, EdgeClient
 
 pytestmark = pytest.mark.real_model
@@ -111,11 +111,6 @@ def _batch_histogram(verifier) -> tuple[float, float]:
     return samples["1.0"], samples["+Inf"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def dockerfile_command() -> list[str]:
     """The verifier command of deploy/Dockerfile (its CMD), to run here without a Docker engine."""
@@ -125,7 +120,7 @@ def dockerfile_command() -> list[str]:
 
 
 def test_the_dockerfile_command_serves_and_generate_connects_as_separate_processes_with_auth():
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     cmd = dockerfile_command()
     assert cmd[:2] == ["specedge", "serve"]
     values = {"--host": "127.0.0.1", "--port": str(port), "--metrics-port": str(metrics_port), "--kv-pool-mb": "64"}
@@ -185,7 +180,7 @@ def test_specedge_serve_exits_with_an_error_when_its_scheduler_fails_and_its_cli
     from specedge.common.params import SamplingParams
     from specedge.edge.transport import RemoteVerifier
 
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-c", SERVE_WITH_A_FAULTY_ENGINE, "serve", "--model", MODEL,
                                "--host", "127.0.0.1", "--port", str(port), "--kv-pool-mb", "64"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
