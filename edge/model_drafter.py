@@ -80,14 +80,16 @@ class ModelDrafter:
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
         self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
-        self._stop_reading = threading.Event()
+        self._stop_reading = threading.Event()  # the current reader's own (a stopped one may still be ending)
         self._read_error: BaseException | None = None
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None, read: bool = True) -> None:
         """`read`: start reading the prompt now; otherwise the first round that drafts or speculates starts
         it (the hybrid's model, which rests where it does not pay: reading a long prompt beside a verifier
         on the same machine slows its passes)."""
-        self._stop_reader()  # the model is this generation's now; what was read of the last prompt stays cached
+        # What was read of the last prompt stays cached. A reader still on it ends its batch while this
+        # generation begins (waiting here cost ~150 ms a generation); the model is not used until it has.
+        self._stop_reader(wait=False)
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
         self._logits.clear()
@@ -96,8 +98,10 @@ class ModelDrafter:
             self._start_reader()
 
     def _start_reader(self) -> None:
-        self._reader = threading.Thread(target=self._read, args=(list(self.context),), name="drafter-prefill",
-                                        daemon=True)  # a process may exit mid-read: _stop_readers_at_exit
+        previous = self._reader  # told to stop, it may still be ending its batch: the new one waits for it
+        self._stop_reading = threading.Event()
+        self._reader = threading.Thread(target=self._read, args=(list(self.context), self._stop_reading, previous),
+                                        name="drafter-prefill", daemon=True)  # exit mid-read: _stop_readers_at_exit
         self._reader.start()
         _READING.add(self)
 
@@ -133,19 +137,23 @@ class ModelDrafter:
             raise error
         return True
 
-    def _read(self, tokens: list[int]) -> None:
+    def _read(self, tokens: list[int], stop: threading.Event, previous: threading.Thread | None) -> None:
         _lowest_priority()  # on a one-core edge it must not slow down the rounds that go on meanwhile
+        if previous is not None:
+            previous.join()
         try:
-            self.model.prefill(tokens, self._stop_reading.is_set)
+            self.model.prefill(tokens, stop.is_set)
         except BaseException as e:  # raised in the generation's thread, by ready()
-            self._read_error = e
+            if not stop.is_set():
+                self._read_error = e
 
-    def _stop_reader(self) -> None:
-        if self._reader is not None:
-            self._stop_reading.set()
+    def _stop_reader(self, wait: bool = True) -> None:
+        """Stop reading (within one batch). `wait=False`: do not wait for the batch; `reading` stays true
+        until it ends."""
+        self._stop_reading.set()
+        if wait and self._reader is not None:
             self._reader.join()
             self._reader = None
-            self._stop_reading.clear()
         self._read_error = None
 
     def propose(self, alongside: float = 0.0) -> DraftTree:
@@ -176,6 +184,7 @@ class ModelDrafter:
         self._prefilled = True
 
     def end(self) -> None:
+        self._stop_reader(wait=False)  # the rest of this prompt is of no use to the next
         self._logits.clear()
 
     def behind_ms(self) -> float:

@@ -82,6 +82,53 @@ def test_the_first_rounds_go_without_model_drafts_while_the_drafter_reads_the_pr
     assert len(drafter.propose()) > 0
 
 
+def test_a_new_generation_begins_without_waiting_for_the_last_prompts_reader(real_model):
+    """llama.cpp cannot stop inside a batch: a reader still on the last prompt is told to stop and left to
+    end its batch. The next generation begins at once (waiting cost ~150 ms a generation on long prompts),
+    its rounds go without model drafts until that batch is done, then the model reads the new prompt."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    gate, read = threading.Event(), drafter.model.prefill
+
+    def gated_prefill(tokens, *args):  # the last prompt's batch ends only once the test opens the gate
+        gate.wait()
+        return read(tokens, *args)
+
+    drafter.model.prefill = gated_prefill
+    last, new = edge_tokenizer.encode(PROMPT * 60), edge_tokenizer.encode("Say something else.")
+    assert len(last) > BATCH_TOKENS
+    drafter.begin(last, SamplingParams())
+    begun = threading.Thread(target=drafter.begin, args=(new, SamplingParams()))
+    begun.start()
+    begun.join(timeout=30)
+    assert not begun.is_alive()
+    assert drafter.reading and len(drafter.propose()) == 0
+    gate.set()
+    assert drafter.ready(timeout=60) and drafter._unread() == 0
+    assert len(drafter.propose()) > 0
+
+
+def test_the_end_of_a_generation_stops_reading_its_prompt(real_model):
+    """What is left of a prompt is of no use to the next one; read on, it would only take the CPU."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    gate, read = threading.Event(), drafter.model.prefill
+
+    def gated_prefill(tokens, *args):
+        gate.wait()
+        return read(tokens, *args)
+
+    drafter.model.prefill = gated_prefill
+    prompt = edge_tokenizer.encode(PROMPT * 60)
+    drafter.begin(prompt, SamplingParams())
+    drafter.end()
+    gate.set()
+    assert drafter.ready(timeout=60)
+    assert drafter.model.tokens == prompt[:BATCH_TOKENS]  # the batch under way, no more
+
+
 def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_model):
     """Rounds the model sat out (a long prompt read, or verdicts longer than a pass could read) leave many
     committed tokens unread: speculation reads them in forwards of CATCH_UP_BATCH and stops between two once
