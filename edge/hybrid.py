@@ -14,8 +14,8 @@ beyond retrieval's own nodes when the model drafted (a mean over the last few su
 round's time from sending the tree to the verdict, with the model (R_m: its nodes make the pass longer,
 its speculation may outlast the pass) and without (R); D is the model's drafting time and B what it has
 to read first (committed tokens it did not read during the pass: a verdict's tokens beyond those it read
-ahead). The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures once
-(two rounds with the model, one without), then each bucket drafts with the model once where it can at
+ahead). The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first
+(MEASURE_ROUNDS rounds with the model, one without), then each bucket drafts with the model once where it can at
 no more than its usual cost (G differs most between buckets; a model far behind measures a bucket from
 the exploring budget below); until a bucket has more figures of its own it takes all buckets' (its G
 starts from their mean, worth PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with
@@ -71,6 +71,7 @@ class _Merged:
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
 EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
+MEASURE_ROUNDS = 4  # a fresh hybrid's rounds with the model before it decides (one alone once shut it off)
 PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
@@ -98,6 +99,7 @@ class HybridDrafter:
         self._mode = READ  # this round's DRAFT, READ or REST
         self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
+        self._model_rounds = 0  # rounds whose tree had the model's nodes
 
     @property
     def hints_top_k(self) -> int:
@@ -120,7 +122,7 @@ class HybridDrafter:
         """DRAFT, READ or REST by this round's figures alone, and whether the model pays here (had it read
         everything committed)."""
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
-        if self.model_ms is None or not self._gain[ALL, 1] or np.isnan(self._round_ms[ALL, 1]):
+        if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(self._round_ms[ALL, 1]):
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
             return READ, False  # a round without the model, which times R
@@ -253,6 +255,7 @@ class HybridDrafter:
         accepted_merged = result.accepted
         b, model_sent = self._bucket, any(1 in n.where for n in self._merged[:sent])
         if model_sent:  # what did the model's nodes add?
+            self._model_rounds += 1
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
             for row in (b, ALL):

@@ -12,7 +12,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
 from specedge.edge.generation import generate
-from specedge.edge.hybrid import EXPLORE_SHARE, HybridDrafter
+from specedge.edge.hybrid import EXPLORE_SHARE, MEASURE_ROUNDS, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
@@ -107,9 +107,9 @@ def test_a_model_proposal_survives_only_where_retrieval_proposes_nothing():
     assert len(alone.propose().proposals) == 3
 
 
-# A fresh hybrid measures before it decides: it drafts with the model twice (G and D; the second round timed,
-# R_m), then once without (R).
-MEASURED = 2
+# A fresh hybrid measures before it decides: it drafts with the model MEASURED times (G and D; all but the
+# first round timed, R_m), then once without (R).
+MEASURED = MEASURE_ROUNDS
 
 
 class Clock:
@@ -243,7 +243,7 @@ def test_a_bucket_not_measured_yet_is_no_reason_for_a_model_far_behind_to_read(m
     hybrid = HybridDrafter(Sequence(*[RETRIEVAL] * 8, less_sure), model, max_nodes=64)
     hybrid.begin([1])
     did = model_rounds(hybrid, model, 12, take=(10, 11, 12))
-    assert did == ["draft"] * MEASURED + ["read"] + ["rest"] * 9
+    assert did == ["draft"] * MEASURED + ["read"] + ["rest"] * (12 - MEASURED - 1)
 
 
 def test_a_model_that_pays_in_some_buckets_keeps_reading_in_the_others(monkeypatch):
@@ -258,7 +258,7 @@ def test_a_model_that_pays_in_some_buckets_keeps_reading_in_the_others(monkeypat
     hybrid = HybridDrafter(Sequence(*[RETRIEVAL, unsure] * 10), model, max_nodes=64)
     hybrid.begin([1])
     did = model_rounds(hybrid, model, 20, take=(10, 13, 14, 15))
-    assert did == ["draft"] * MEASURED + ["read", "draft"] * 9
+    assert did == ["draft"] * MEASURED + ["read", "draft"] * ((20 - MEASURED) // 2)
 
 
 def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
@@ -327,7 +327,8 @@ def test_exploring_after_a_rest_pays_for_reading_what_the_model_missed(monkeypat
         did = model_rounds(hybrid, model, 1000, take=(10, 11, 12), reading_slows=reading_slows)
         assert did[: MEASURED + 1] == ["draft"] * MEASURED + ["read"]  # the last times R without the model
         after = "".join({"draft": "D", "read": "R", "rest": "."}[what] for what in did[MEASURED + 1:])
-        assert set(after.replace("RD", "")) == {"."}  # it reads in the round before each it explores in, else rests
+        # It reads in the round before each it explores in (the last round's: after the run), else rests.
+        assert set(after.removesuffix("R").replace("RD", "")) == {"."}
         explored[reading_slows] = did.count("draft") - MEASURED
     assert 0 < explored[0.2] < explored[0.0] / 2
 
