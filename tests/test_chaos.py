@@ -189,7 +189,6 @@ def test_nothing_is_lost_or_duplicated_while_verifiers_and_the_router_die_and_cl
         cluster.stop()
 
 
-
 def _join(threads: list[threading.Thread], timeout_s: float) -> list[str]:
     """Join `threads`; the stacks of those still running after `timeout_s` (all of them together)."""
     end = time.monotonic() + timeout_s
