@@ -5,14 +5,17 @@ verifier decodes with continuous batching) and each drafter (clients draft, the 
 trees of all sessions). Aggregate tokens/s is all tokens over the level's wall time. A round trip (and
 --jitter-ms, --bandwidth-kbps) is a real one: the clients reach the verifier through the network-emulating
 proxy (netem/proxy.py), half the round trip each way, so that trees sent ahead of a verdict overlap with it
-as they would on a network. Clients are threads of this
-process; the verifier is `specedge serve` in a child process, as deployed (sharing this process's GIL
-with sixteen clients would slow its engine thread), started afresh for every measurement so that no
-method finds another's prompts in the prefix cache. With `--server HOST:PORT` the clients go to a running
-verifier or router instead (a deployed cluster: the compose file's edge service); its prefix cache then
-carries over from method to method, and its KV figures are not read. With `--netem delay_ms=...` the
-clients reach the verifier through the network-emulating proxy (netem/proxy.py) instead of emulating the
-round trip themselves.
+as they would on a network. Clients are threads of this process; the verifier is `specedge serve` in a
+child process, as deployed (sharing this process's GIL with sixteen clients would slow its engine thread).
+With one client, all methods of a repetition share one verifier process and take turns prompt by prompt,
+its prefix cache flushed before each generation (so that no method finds another's prefill of the
+prompt): the speed of a verifier process varies from one to the next by up to ~19% on the benchmark host
+(BENCHMARKS.md section 6), as much as the differences between methods in one category. With more clients,
+each method gets a fresh verifier, whose KV peak is then the method's own. With `--server HOST:PORT` the
+clients go to a running verifier or router instead (a deployed cluster: the compose file's edge service),
+one method after the other; its prefix cache then carries over from method to method, and its KV figures
+are not read. With `--netem delay_ms=...` the clients reach the verifier through the network-emulating
+proxy (netem/proxy.py) instead of emulating the round trip themselves.
 """
 
 from __future__ import annotations
@@ -56,53 +59,72 @@ def split_method(method: str) -> tuple[str, int | None, bool]:
     return name, int(size) if at else None, overlap
 
 
+class EdgeClient:
+    """One edge client: its connection, drafter and tree-size controller, kept from one job to the next (a
+    drafter learns across prompts). `metered`: each job's verifier time and passes are read from the
+    verifier's metrics (where it has them), which only works while no other client runs."""
+
+    def __init__(self, verifier, method: str, drafter, max_tree: int, max_new_tokens: int, eos: list[int],
+                 metered: bool) -> None:
+        from specedge.edge.controller import TreeSizeController
+        from specedge.edge.transport import RemoteVerifier
+
+        self.verifier, self.method, self.drafter, self.eos, self.metered = verifier, method, drafter, eos, metered
+        self.client = RemoteVerifier(verifier.target)
+        _, fixed, overlap = split_method(method)
+        self.controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap)
+        self.params = SamplingParams(max_new_tokens=max_new_tokens)
+
+    def run(self, i: int, ids: list[int]) -> JobResult:
+        from specedge.edge.drafter import hints_wanted
+        from specedge.edge.generation import generate
+
+        before, start = self._engine_time(), time.perf_counter()
+        if self.method == "server-ar":
+            tokens = [t for chunk in self.client.server_generate(ids, self.params) for t in chunk]
+            r = JobResult(i, tokens, None, [], [])
+        else:
+            hints = min(hints_wanted(self.drafter), self.client.info.limits.max_hints_top_k)
+            session = self.client.open(ids, self.params, hints_top_k=hints)
+            g = generate(session, self.eos, self.drafter, self.controller if self.drafter is not None else None)
+            r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes, g.accepted, g.compute_ms, g.queue_ms,
+                          g.network_ms, g.ahead)
+        r.wall_s = time.perf_counter() - start
+        if before is not None and (after := self._engine_time()) is not None:
+            r.verifier_s, r.passes = after[0] - before[0], int(after[1] - before[1])
+        return r
+
+    def _engine_time(self) -> tuple[float, float] | None:
+        if not self.metered:
+            return None
+        seconds = self.verifier.metric("specedge_step_seconds_sum")
+        steps = self.verifier.metric("specedge_step_seconds_count")
+        return None if seconds is None else (seconds, steps)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, max_new_tokens: int, eos: list[int],
               make_drafter, max_tree: int) -> tuple[list[JobResult], float]:
     """All jobs through `concurrency` client threads -> (results, wall seconds); client k drafts with
     `make_drafter(k)`. `server-ar`: the verifier decodes (one request per job); `remote-ar`: the edge asks
-    for one token per round trip (no drafts). With one client, each job's verifier time and passes are read
-    from the verifier's metrics (where it has them)."""
-    from specedge.edge.controller import TreeSizeController
-    from specedge.edge.drafter import hints_wanted
-    from specedge.edge.generation import generate
-    from specedge.edge.transport import RemoteVerifier
-
-    params = SamplingParams(max_new_tokens=max_new_tokens)
+    for one token per round trip (no drafts)."""
     results: list[JobResult] = []
     lock = threading.Lock()
     next_job = iter(range(len(jobs)))
     errors: list[BaseException] = []
 
-    def engine_time() -> tuple[float, float] | None:
-        if concurrency != 1:
-            return None
-        seconds, steps = verifier.metric("specedge_step_seconds_sum"), verifier.metric("specedge_step_seconds_count")
-        return None if seconds is None else (seconds, steps)
-
     def worker(k: int) -> None:
-        client = RemoteVerifier(verifier.target)
         drafter = make_drafter(k) if method not in ("server-ar", "remote-ar") else None
-        _, fixed, overlap = split_method(method)
-        controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap)
+        client = EdgeClient(verifier, method, drafter, max_tree, max_new_tokens, eos, metered=concurrency == 1)
         try:
             while True:
                 with lock:
                     i = next(next_job, None)
                 if i is None:
                     return
-                before, start = engine_time(), time.perf_counter()
-                if method == "server-ar":
-                    tokens = [t for chunk in client.server_generate(jobs[i], params) for t in chunk]
-                    r = JobResult(i, tokens, None, [], [])
-                else:
-                    hints = min(hints_wanted(drafter), client.info.limits.max_hints_top_k)
-                    session = client.open(jobs[i], params, hints_top_k=hints)
-                    g = generate(session, eos, drafter, controller if drafter is not None else None)
-                    r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes, g.accepted, g.compute_ms,
-                                  g.queue_ms, g.network_ms, g.ahead)
-                r.wall_s = time.perf_counter() - start
-                if before is not None and (after := engine_time()) is not None:
-                    r.verifier_s, r.passes = after[0] - before[0], int(after[1] - before[1])
+                r = client.run(i, jobs[i])
                 with lock:
                     results.append(r)
         except BaseException as e:  # reported by the caller
@@ -122,6 +144,47 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, ma
     return sorted(results, key=lambda r: r.prompt), wall
 
 
+def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new_tokens: int, eos: list[int],
+                    make_drafter, max_tree: int, reverse: bool = False) -> dict[str, list[JobResult]]:
+    """One client per method against one verifier, job by job: every method generates job 0, then job 1, ...
+    (in `methods`' order on even jobs, reversed on odd ones; `reverse` swaps that), the verifier's prefix
+    cache flushed before each generation. Methods compared this way share the verifier process, whose speed
+    varies from one process to the next (BENCHMARKS.md section 6), and any drift of the host's speed."""
+    from specedge.edge.transport import RemoteVerifier
+
+    clients = {m: EdgeClient(verifier, m, make_drafter(m) if m not in ("server-ar", "remote-ar") else None,
+                             max_tree, max_new_tokens, eos, metered=True) for m in methods}
+    flusher = RemoteVerifier(verifier.target)
+    results: dict[str, list[JobResult]] = {m: [] for m in methods}
+    try:
+        for i, ids in enumerate(jobs):
+            for method in methods if (i % 2 == 1) == reverse else methods[::-1]:
+                _wait_until_idle()
+                flusher.flush_cache()
+                results[method].append(clients[method].run(i, ids))
+    finally:
+        flusher.close()
+        for client in clients.values():
+            client.close()
+    return results
+
+
+IDLE_CPU_SHARE = 0.1  # of one core, over IDLE_WINDOW_S: this process has nothing left running
+IDLE_WINDOW_S = 0.02
+
+
+def _wait_until_idle(limit_s: float = 2.0) -> None:
+    """Until this process's threads stop using CPU (a drafter's background work for the last generation,
+    such as a model reading the rest of its prompt, must not run into the next method's time), at most
+    `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        used = time.process_time()
+        time.sleep(IDLE_WINDOW_S)
+        if time.process_time() - used < IDLE_CPU_SHARE * IDLE_WINDOW_S:
+            return
+
+
 @dataclass
 class RunningVerifier:
     """A verifier (or router) started elsewhere: `--server`."""
@@ -139,7 +202,6 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
     Every generation also goes to --out's runs.jsonl (e.g. as references for bench/replay.py)."""
     from specedge.bench.hf_baselines import HF_BASELINES
     from specedge.edge.registry import make_drafter
-    from specedge.edge.transport import RemoteVerifier
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]
@@ -155,7 +217,6 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                   "--max-sessions-per-client", "1024", "--grace-s", "0"]
     if args.pin_cores:
         serve_args += ["--threads", "1"]
-    warm_up = SamplingParams(max_new_tokens=8)
     runs: list[dict] = []
 
     def record(method: str, rep: int, concurrency: int, rtt: float | None, results: list[JobResult]) -> None:
@@ -181,15 +242,20 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
             for rep in range(args.reps):
                 # Odd repetitions run the methods in reverse order: a host whose speed drifts during the
                 # run favours none of them.
-                for method in methods if rep % 2 == 0 else methods[::-1]:
-                    link = emulated_link(args, rtt)
-                    with _verifier(args, serve_args, link) as verifier:
-                        warm = RemoteVerifier(verifier.target)
-                        list(warm.server_generate(jobs[0][:32], warm_up))  # first-step allocations, untimed
-                        warm.close()
-                        results, wall = run_level(verifier, method, jobs, concurrency, args.max_new_tokens, eos,
-                                                  lambda k, m=method: new_drafter(m, k), args.max_tree)
+                if concurrency == 1 and not args.server:  # one verifier for all methods, prompt by prompt
+                    with _warm_verifier(args, serve_args, emulated_link(args, rtt), jobs) as verifier:
+                        interleaved = run_interleaved(verifier, methods, jobs, args.max_new_tokens, eos,
+                                                      lambda m: new_drafter(m, 0), args.max_tree, reverse=rep % 2 == 1)
                         peak = verifier.metric("specedge_kv_peak_bytes")
+                    levels_run = [(m, interleaved[m], sum(r.wall_s for r in interleaved[m]), peak) for m in methods]
+                else:
+                    levels_run = []
+                    for method in methods if rep % 2 == 0 else methods[::-1]:
+                        with _warm_verifier(args, serve_args, emulated_link(args, rtt), jobs) as verifier:
+                            results, wall = run_level(verifier, method, jobs, concurrency, args.max_new_tokens, eos,
+                                                      lambda k, m=method: new_drafter(m, k), args.max_tree)
+                            levels_run.append((method, results, wall, verifier.metric("specedge_kv_peak_bytes")))
+                for method, results, wall, peak in levels_run:
                     per_method[method].append((sum(len(r.tokens) for r in results) / wall, peak, results))
                     record(method, rep, concurrency, rtt, results)
                     kv = "" if peak is None else f", KV peak {peak / 2**20:.1f} MiB"
@@ -302,6 +368,18 @@ def emulated_link(args, rtt_ms: float):
 
     return NetworkConditions(delay_ms=rtt_ms / 2, jitter_ms=min(args.jitter_ms, rtt_ms / 2),
                              bandwidth_mbps=args.bandwidth_kbps / 1e3, seed=0)
+
+
+@contextlib.contextmanager
+def _warm_verifier(args, serve_args: list[str], link, jobs: list[list[int]]):
+    """_verifier, after one short untimed generation (the first step's allocations)."""
+    from specedge.edge.transport import RemoteVerifier
+
+    with _verifier(args, serve_args, link) as verifier:
+        warm = RemoteVerifier(verifier.target)
+        list(warm.server_generate(jobs[0][:32], SamplingParams(max_new_tokens=8)))
+        warm.close()
+        yield verifier
 
 
 @contextlib.contextmanager

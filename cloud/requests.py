@@ -59,5 +59,12 @@ class CloseRequest:
     future: Future[None] = field(default_factory=Future)
 
 
+@dataclass(eq=False)
+class FlushCacheRequest:
+    """Forget the cached prefixes no sequence uses; resolves to how many blocks were forgotten."""
+
+    future: Future[int] = field(default_factory=Future)
+
+
 StepRequest = OpenRequest | VerifyRequest  # what an engine step serves
-Request = OpenRequest | VerifyRequest | CloseRequest
+Request = OpenRequest | VerifyRequest | CloseRequest | FlushCacheRequest

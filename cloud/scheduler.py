@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from specedge.cloud.acceptance import Verdict
 from specedge.cloud.cost_tracker import CostTracker
 from specedge.cloud.engine import Engine, Sequence
-from specedge.cloud.requests import CloseRequest, OpenRequest, Request, StepOutcome, StepRequest, VerifyRequest
+from specedge.cloud.requests import (CloseRequest, FlushCacheRequest, OpenRequest, Request, StepOutcome, StepRequest,
+                                     VerifyRequest)
 from specedge.cloud.step_plan import PoolProgress, StepLimits, StepPlan, plan_step
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
@@ -106,6 +107,10 @@ class VerifyScheduler:
 
     def close(self, seq: Sequence) -> Future[None]:
         return self._submit(CloseRequest(seq))
+
+    def flush_cache(self) -> Future[int]:
+        """The cached prefixes no sequence uses forgotten (the pool is the scheduler thread's); -> blocks."""
+        return self._submit(FlushCacheRequest())
 
     @property
     def waiting_requests(self) -> int:
@@ -305,6 +310,10 @@ class VerifyScheduler:
             self._accept(item)
 
     def _accept(self, request: Request) -> None:
+        if isinstance(request, FlushCacheRequest):
+            if request.future.set_running_or_notify_cancel():
+                request.future.set_result(self.engine.pool.drop_cached())
+            return
         if isinstance(request, CloseRequest):
             self._closing.append(request)
         else:

@@ -80,6 +80,7 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
         "Generate": grpc.unary_stream_rpc_method_handler(service.Generate),
         "WatchCache": grpc.unary_stream_rpc_method_handler(service.WatchCache),
         "Drain": grpc.unary_unary_rpc_method_handler(service.Drain),
+        "FlushCache": grpc.unary_unary_rpc_method_handler(service.FlushCache),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     health_servicer = health.HealthServicer()

@@ -231,6 +231,15 @@ class VerifierService:
             await context.abort(e.code, e.message)
         return pb.DrainReply(sessions=self.drain()).SerializeToString()
 
+    async def FlushCache(self, raw: bytes, context) -> bytes:
+        try:
+            _parse(pb.FlushCacheRequest, raw)
+            blocks = await self._await(self.scheduler.flush_cache())
+        except _Abort as e:
+            await context.abort(e.code, e.message)
+        log_event("flush_cache", blocks=blocks)
+        return pb.FlushCacheReply(blocks=blocks).SerializeToString()
+
     def drain(self) -> int:
         """Take no new sessions and move the live ones away (on this event loop); how many there are."""
         if not self.draining:

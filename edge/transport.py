@@ -80,6 +80,11 @@ class RemoteVerifier:
         for resp in self._generate(req, metadata=self.config.metadata(), timeout=self.config.rpc_timeout_s):
             yield list(resp.tokens)
 
+    def flush_cache(self) -> int:
+        """Make the verifier forget the cached prompt prefixes no live session uses -> KV blocks forgotten."""
+        flush = self._rpc("unary_unary", "FlushCache", pb.FlushCacheRequest, pb.FlushCacheReply)
+        return flush(pb.FlushCacheRequest(), metadata=self.config.metadata(), timeout=self.config.rpc_timeout_s).blocks
+
     def close(self) -> None:
         self.channel.close()
 

@@ -619,6 +619,30 @@ def test_watch_cache_reports_the_prompt_blocks_the_verifier_holds_and_its_load()
         watch.cancel()
 
 
+def test_flush_cache_makes_a_seen_prompt_prefill_anew_and_live_sessions_keep_theirs():
+    """What `specedge bench` relies on to run every method against one verifier: after FlushCache no prompt
+    finds another generation's prefill in the cache, while a session open across the flush is unharmed."""
+    prompt = list(range(1, 50))  # 3 full blocks before the last token's
+
+    def cached_on_open() -> int:
+        return open_raw(v, opening(prompt, max_new_tokens=2))[0].opened.cached_prompt_tokens
+
+    with tiny_verifier() as v:
+        client = RemoteVerifier(v.target)
+        assert cached_on_open() == 0
+        assert cached_on_open() == 48
+        live = client.open(PROMPT, GREEDY)
+        output = live.step(DraftTree.empty()).tokens
+        assert client.flush_cache() == 3  # the prompt's blocks; the live session's stay held
+        assert cached_on_open() == 0
+        while len(output) < GREEDY.max_new_tokens:
+            output += live.step(DraftTree.empty()).tokens
+        live.close()
+        assert output == solo_output(v)
+        assert client.flush_cache() >= 1  # the live session's, now that it ended
+        client.close()
+
+
 def test_a_drain_moves_a_session_whose_prefill_still_waits_at_once():
     """Engine steps never run here (scheduler_thread=False and nobody runs it): the open waits in the queue,
     and the drain ends it anyway; a drain does not wait for queued work to be done."""
