@@ -26,6 +26,7 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specedge.common.params import SamplingParams
@@ -145,11 +146,13 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, ma
 
 
 def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new_tokens: int, eos: list[int],
-                    make_drafter, max_tree: int, reverse: bool = False) -> dict[str, list[JobResult]]:
+                    make_drafter, max_tree: int, reverse: bool = False,
+                    on_job: Callable[[int, dict[str, JobResult]], None] | None = None) -> dict[str, list[JobResult]]:
     """One client per method against one verifier, job by job: every method generates job 0, then job 1, ...
     (in `methods`' order on even jobs, reversed on odd ones; `reverse` swaps that), the verifier's prefix
     cache flushed before each generation. Methods compared this way share the verifier process, whose speed
-    varies from one process to the next (BENCHMARKS.md section 6), and any drift of the host's speed."""
+    varies from one process to the next (BENCHMARKS.md section 6), and any drift of the host's speed.
+    `on_job(job, {method: its result})` after each job (progress)."""
     from specedge.edge.transport import RemoteVerifier
 
     clients = {m: EdgeClient(verifier, m, make_drafter(m) if m not in ("server-ar", "remote-ar") else None,
@@ -162,6 +165,8 @@ def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new
                 _wait_until_idle()
                 flusher.flush_cache()
                 results[method].append(clients[method].run(i, ids))
+            if on_job is not None:
+                on_job(i, {m: results[m][-1] for m in methods})
     finally:
         flusher.close()
         for client in clients.values():
@@ -245,7 +250,9 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                 if concurrency == 1 and not args.server:  # one verifier for all methods, prompt by prompt
                     with _warm_verifier(args, serve_args, emulated_link(args, rtt), jobs) as verifier:
                         interleaved = run_interleaved(verifier, methods, jobs, args.max_new_tokens, eos,
-                                                      lambda m: new_drafter(m, 0), args.max_tree, reverse=rep % 2 == 1)
+                                                      lambda m: new_drafter(m, 0), args.max_tree, reverse=rep % 2 == 1,
+                                                      on_job=_job_printer(f"rtt {rtt:g} ms rep {rep + 1}", prompts,
+                                                                          len(jobs)))
                         peak = verifier.metric("specedge_kv_peak_bytes")
                     levels_run = [(m, interleaved[m], sum(r.wall_s for r in interleaved[m]), peak) for m in methods]
                 else:
@@ -288,6 +295,17 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
     with open(args.out / "runs.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in runs)
     return rows
+
+
+def _job_printer(label: str, prompts, jobs: int) -> Callable[[int, dict[str, JobResult]], None]:
+    """Progress of an interleaved level: one line per job, every method's tokens/s on it."""
+
+    def on_job(i: int, done: dict[str, JobResult]) -> None:
+        rates = ", ".join(f"{m} {len(r.tokens) / r.wall_s:.1f}" for m, r in done.items())
+        print(f"[serving] {label} prompt {i + 1}/{jobs} ({prompts[i % len(prompts)].category}): {rates} tokens/s",
+              flush=True)
+
+    return on_job
 
 
 def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurrency: int, rtt: float | None,
