@@ -27,15 +27,17 @@ During the verifier's pass the model reads what the verdict most likely commits 
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
 that the next round with the model does not begin by reading it; a drafting model speculates beyond it.
 A model that does not draft reads only while it is wanted: where it pays or an exploring round is due
-(but it has too much to read first: it reads during this pass and drafts in the next round), or where it
+(but it has too much to read first: it reads during this pass and drafts in the next round; a round after
+reading still has the verdict's bonus token to read, so "pays" counts that forward), or where it
 paid within the last WANTED_LATELY rounds (retrieval's confidence moves between buckets from round to
 round). Otherwise it rests, reading nothing, not even a new prompt once the model is measured: reading
 beside the verifier's pass costs the edge nothing on its own device, but on a machine shared with the
 verifier (the benchmarks' two cores) it slows the pass by ~15% (BENCHMARKS.md section 6). What a rest
 leaves unread counts against the round that drafts after it (B), and the budget of an exploring round
 pays for it: B if it is read before drafting, or what reading it during the passes before slows them by
-(measured: rounds in which the model read against rounds in which it rested; READING_SLOWS_PRIOR until
-then), which is nothing where edge and verifier are separate machines.
+(measured: consecutive rounds in which the model read and rested; READING_SLOWS_PRIOR until then), which
+is nothing where edge and verifier are separate machines. By the same measure R is the time a round would
+take with the model resting, as with retrieval alone: a round in which it read counts as that much shorter.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -77,6 +79,7 @@ FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - F
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
+FORGET_PAIRS = 0.95  # per pair of rounds measuring that slowdown (each pair is noisy: a mean over many)
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
@@ -90,8 +93,9 @@ class HybridDrafter:
         rows = len(EXPECTED_EDGES) + 2  # one per bucket, and the last for all buckets together (ALL)
         self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
-        # R of rounds without its nodes by the tree's size (a pass's time grows with it): it rested, it read
-        self._quiet_ms = np.full((len(SIZE_EDGES) + 1, 2), np.nan)
+        # The last round without the model's nodes: (its tree's size bucket, whether the model read, ms)
+        self._last_quiet: tuple[int, bool, float] | None = None
+        self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
         self._bucket, self._first_round, self._sent_at = 0, True, 0.0
@@ -119,7 +123,7 @@ class HybridDrafter:
 
     def _wanted_for(self, expected: float, behind_ms: float) -> tuple[str, bool]:
         """DRAFT, READ or REST by this round's figures alone, and whether the model pays here (had it read
-        everything committed)."""
+        everything committed but the verdict's bonus token)."""
         b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(self._round_ms[ALL, 1]):
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
@@ -142,13 +146,15 @@ class HybridDrafter:
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
-        if loss >= 0:
-            self._explore_ms[b] += EXPLORE_SHARE * without
-        pays = loss < 0
+        # Reading during this pass leaves the next round at least one forward to read before it drafts: the
+        # verdict's bonus token, unknown until then. So the model pays (and reads towards drafting) only where
+        # it does with that forward to pay: otherwise its rounds would read beside every pass and never draft.
+        pays = loss + (self.sources[1].token_ms or 0.0) < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
-        if pays:  # it would, had it read everything: it reads during this pass
+        if pays:  # it reads during this pass, and drafts in the next round
             return READ, pays
+        self._explore_ms[b] += EXPLORE_SHARE * without
         # G stays measured, at no more than EXPLORE_SHARE of the time, what the exploring round has to read
         # first included: before drafting (on the round's time), or during the passes before it, which
         # costs what reading slows them by (nothing on separate machines; see _slowed_by_reading).
@@ -163,21 +169,31 @@ class HybridDrafter:
         return REST, pays
 
     def _slowed_by_reading(self) -> float:
-        """By what share the verifier's pass is slower while the model reads beside it, from rounds without
-        the model's nodes in which it read and in which it rested, trees of like size compared (the rounds
-        in which a model reads a new prompt send small trees): ~0.15 on two cores of one machine
-        (BENCHMARKS.md section 6), nothing where edge and verifier are apart.
-        Until both are measured, READING_SLOWS_PRIOR: a model that has not read yet must not start reading a
-        long prompt beside the pass on the guess that reading is free (on a shared machine it slowed every
-        pass of a generation and never drafted)."""
-        both = ~np.isnan(self._quiet_ms).any(axis=1)
-        if not both.any():
-            return READING_SLOWS_PRIOR
-        rested, read = self._quiet_ms[both].T
-        return max(0.0, float(np.mean(read / rested)) - 1.0)
+        """By what share the verifier's pass is slower while the model reads beside it: ~0.15 on two cores of
+        one machine (BENCHMARKS.md section 6), nothing where edge and verifier are apart. Measured from
+        pairs of consecutive rounds without the model's nodes of one generation, in one of which the model
+        read and in the other rested, trees of like size (a pass's time grows with the tree, and with the
+        context: a long prompt's passes take several times a short one's, so rounds of different prompts
+        cannot be compared). Until a pair is measured, READING_SLOWS_PRIOR: a model that has not read yet
+        must not start reading a long prompt beside the pass on the guess that reading is free (on a shared
+        machine it slowed every pass of a generation and never drafted)."""
+        slowed, pairs = self._reading_pairs
+        return max(0.0, slowed / pairs) if pairs else READING_SLOWS_PRIOR
+
+    def _time_quiet_round(self, size: int, ms: float) -> float:
+        """Pair a round without the model's nodes with the last one (see _slowed_by_reading); -> the round's
+        time had the model rested (R is what retrieval alone would take)."""
+        size = int(np.searchsorted(SIZE_EDGES, size, side="right"))
+        last, self._last_quiet = self._last_quiet, (size, self._model_read, ms)
+        if last is not None and last[0] == size and last[1] != self._model_read:
+            read, rested = (ms, last[2]) if self._model_read else (last[2], ms)
+            self._reading_pairs = FORGET_PAIRS * self._reading_pairs + (read / rested - 1.0, 1.0)
+        # (by the measured slowdown only: the prior, taken for granted, would make a model that pays where
+        # edge and verifier are apart, and so rarely rests, look worse than it is for ever)
+        return ms / (1.0 + self._slowed_by_reading()) if self._model_read and self._reading_pairs[1] else ms
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
-        self._first_round = True
+        self._first_round, self._last_quiet = True, None
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
         # Once measured, a model reads the prompt only from the first round it drafts or reads in.
@@ -261,11 +277,10 @@ class HybridDrafter:
                 self._gain[row] = FORGET * self._gain[row] + (len(accepted_merged) - by_retrieval, 1)
         if not self._first_round:  # its pass reads the prompt: not a typical round
             ms = (time.perf_counter() - self._sent_at) * 1e3
+            if not model_sent:
+                ms = self._time_quiet_round(sent, ms)
             for row in (b, ALL):
                 self._round_ms[row, int(model_sent)] = moving_average(self._round_ms[row, int(model_sent)], ms)
-            if not model_sent:
-                quiet = self._quiet_ms[int(np.searchsorted(SIZE_EDGES, sent, side="right"))]
-                quiet[int(self._model_read)] = moving_average(quiet[int(self._model_read)], ms)
         self._first_round = False
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)

@@ -12,7 +12,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
 from specedge.edge.generation import generate
-from specedge.edge.hybrid import EXPLORE_SHARE, MEASURE_ROUNDS, HybridDrafter
+from specedge.edge.hybrid import ALL, EXPLORE_SHARE, MEASURE_ROUNDS, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
@@ -20,6 +20,7 @@ class Scripted:
     """A drafter that proposes a fixed tree and records what it is told."""
 
     round_ms = 100.0  # what a model drafter measures: a round's time besides drafting
+    token_ms: float | None = None  # ... and one forward (not measured here)
     reading = False  # in the background
 
     def __init__(self, tree: DraftTree) -> None:
@@ -132,6 +133,7 @@ class TimedModel(Scripted):
     def __init__(self, tree: DraftTree, clock: Clock, ms: float = 50.0, read_ms: float = 0.0) -> None:
         super().__init__(tree)
         self.clock, self.ms, self.read_ms = clock, ms, read_ms
+        self.token_ms = read_ms or None  # a forward reads one token
         self.unread, self.read_ahead = 0, []
 
     def propose(self, alongside: float = 0.0) -> DraftTree:
@@ -261,6 +263,22 @@ def test_a_model_that_pays_in_some_buckets_keeps_reading_in_the_others(monkeypat
     assert did == ["draft"] * MEASURED + ["read", "draft"] * ((20 - MEASURED) // 2)
 
 
+def test_a_model_that_pays_only_with_nothing_to_read_does_not_read_beside_every_pass(monkeypatch):
+    """The verifier takes the model's 13-14-15, but drafting costs 81 ms: had the model read everything
+    committed, a round with it would gain 2 ms ((3.6 + 3) / 181 ms against 3.6 / 100 ms). It never has: a
+    round after one in which it read during the pass still has the verdict's bonus token to read (5 ms), and
+    with it drafting loses 3 ms. So the model does not pay, and drafts in exploring rounds only (here every
+    other round: it loses so little), each after reading during the pass before it. Counted as paying, it
+    read during every pass for a draft that never came."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(MODEL_ADDS, clock, ms=81.0, read_ms=5.0)
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+    hybrid.begin([1])
+    did = model_rounds(hybrid, model, 100, take=(10, 13, 14, 15))
+    after = "".join({"draft": "D", "read": "R", "rest": "."}[what] for what in did[MEASURED + 1:])
+    assert "RR" not in after and after.count("D") > len(after) / 3
+
+
 def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
     """`rounds` rounds of 100 ms in which the verifier commits `take` (and a bonus token); the rounds the model
     drafted."""
@@ -330,6 +348,9 @@ def test_exploring_after_a_rest_pays_for_reading_what_the_model_missed(monkeypat
         # It reads in the round before each it explores in (the last round's: after the run), else rests.
         assert set(after.removesuffix("R").replace("RD", "")) == {"."}
         explored[reading_slows] = did.count("draft") - MEASURED
+        # Measured from a round it read in and the next, in which it rested; R is a round's time at rest.
+        assert hybrid._slowed_by_reading() == pytest.approx(reading_slows)
+        assert hybrid._round_ms[ALL, 0] == pytest.approx(100.0)
     assert 0 < explored[0.2] < explored[0.0] / 2
 
 
