@@ -150,8 +150,8 @@ def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new
                     on_job: Callable[[int, dict[str, JobResult]], None] | None = None) -> dict[str, list[JobResult]]:
     """One client per method against one verifier, job by job: every method generates job 0, then job 1, ...
     (in `methods`' order on even jobs, reversed on odd ones; `reverse` swaps that), the verifier's prefix
-    cache flushed before each generation. Methods compared this way share the verifier process, whose speed
-    varies from one process to the next (BENCHMARKS.md section 6), and any drift of the host's speed.
+    cache flushed before each generation. So the methods share the verifier process's speed (it varies from
+    one process to the next: BENCHMARKS.md section 6) and the host's drift, job by job.
     `on_job(job, {method: its result})` after each job (progress)."""
     from specedge.edge.transport import RemoteVerifier
 
