@@ -49,6 +49,7 @@ class JobResult:
     passes: int | None = None  # the verifier's engine steps on this job (likewise)
 
 
+WITHOUT_DRAFTS = ("server-ar", "remote-ar")  # baselines whose clients draft nothing
 SERIAL = "/serial"  # a drafter's method name with this suffix never sends a tree ahead of a verdict
 
 
@@ -117,7 +118,7 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, ma
     errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        drafter = make_drafter(k) if method not in ("server-ar", "remote-ar") else None
+        drafter = make_drafter(k) if method not in WITHOUT_DRAFTS else None
         client = EdgeClient(verifier, method, drafter, max_tree, max_new_tokens, eos, metered=concurrency == 1)
         try:
             while True:
@@ -155,7 +156,7 @@ def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new
     `on_job(job, {method: its result})` after each job (progress)."""
     from specedge.edge.transport import RemoteVerifier
 
-    clients = {m: EdgeClient(verifier, m, make_drafter(m) if m not in ("server-ar", "remote-ar") else None,
+    clients = {m: EdgeClient(verifier, m, make_drafter(m) if m not in WITHOUT_DRAFTS else None,
                              max_tree, max_new_tokens, eos, metered=True) for m in methods}
     flusher = RemoteVerifier(verifier.target)
     results: dict[str, list[JobResult]] = {m: [] for m in methods}
@@ -344,8 +345,8 @@ def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurre
         if metered_tokens else None,
         "draft_ms": round(statistics.median(drafts), 3) if drafts else None,
         "tree_size": round(statistics.mean(sizes), 2) if sizes else None,
-        "tree_policy": None if name in ("server-ar", "remote-ar") or rtt is None else fixed or "adaptive",
-        "overlap": None if name in ("server-ar", "remote-ar") or rtt is None else overlap,
+        "tree_policy": None if name in WITHOUT_DRAFTS or rtt is None else fixed or "adaptive",
+        "overlap": None if name in WITHOUT_DRAFTS or rtt is None else overlap,
         "ahead_rounds": sum(r.ahead for r in every) if rounds else None,
         # The mean round, split: drafting on the edge, then network, the verifier's queue and its pass.
         "round_draft_ms": per_round("draft_ms"), "round_network_ms": per_round("network_ms"),
