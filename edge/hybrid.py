@@ -10,9 +10,10 @@ verdict on the nodes of its own that were sent.
 The model costs tens of ms per round on an edge CPU; retrieval costs well under one. Where retrieval's draft
 is confident the model rarely adds a token, so each round the hybrid asks whether the model pays. Per bucket
 of retrieval's expected accepted tokens E it measures G, the tokens the verifier accepted beyond retrieval's
-own nodes when the model drafted (a mean over the last few such rounds), and the round's time from sending the
-tree to the verdict, with the model (R_m: its nodes make the pass longer, its speculation may outlast the
-pass) and without (R); D is the model's drafting time and B what it has to read first (committed tokens it did
+own nodes when the model drafted (a mean over the last few such rounds, those in which the controller sent
+none of the model's nodes included: an unsure model's drafting buys nothing), and the round's time from
+sending the tree to the verdict, with the model drafting (R_m: its nodes make the pass longer, its
+speculation may outlast the pass) and without (R); D is the model's drafting time and B what it has to read first (committed tokens it did
 not read during the pass: a verdict's tokens beyond those it read ahead). The model pays when
 (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first (MEASURE_ROUNDS rounds with the
 model, one without), then each bucket drafts with the model once where it can at no more than its usual cost
@@ -93,7 +94,7 @@ class HybridDrafter:
         rows = len(EXPECTED_EDGES) + 2  # one per bucket, and the last for all buckets together (ALL)
         self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
-        # The last round without the model's nodes: (its tree's size bucket, whether the model read, ms)
+        # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
         self._last_quiet: tuple[int, bool, float] | None = None
         self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
@@ -102,7 +103,7 @@ class HybridDrafter:
         self._mode = READ  # this round's DRAFT, READ or REST
         self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
-        self._model_rounds = 0  # rounds whose tree had the model's nodes
+        self._model_rounds = 0  # rounds the model drafted in
 
     @property
     def hints_top_k(self) -> int:
@@ -171,7 +172,7 @@ class HybridDrafter:
     def _slowed_by_reading(self) -> float:
         """By what share the verifier's pass is slower while the model reads beside it: ~0.15 on two cores of
         one machine (BENCHMARKS.md section 6), nothing where edge and verifier are apart. Measured from
-        pairs of consecutive rounds without the model's nodes of one generation, in one of which the model
+        pairs of consecutive rounds of one generation that the model did not draft in, in one of which it
         read and in the other rested, trees of like size (a pass's time grows with the tree, and with the
         context: a long prompt's passes take several times a short one's, so rounds of different prompts
         cannot be compared). Until a pair is measured, READING_SLOWS_PRIOR: a model that has not read yet
@@ -181,7 +182,7 @@ class HybridDrafter:
         return max(0.0, slowed / pairs) if pairs else READING_SLOWS_PRIOR
 
     def _time_quiet_round(self, size: int, ms: float) -> float:
-        """Pair a round without the model's nodes with the last one (see _slowed_by_reading); -> the round's
+        """Pair a round the model did not draft in with the last one (see _slowed_by_reading); -> the round's
         time had the model rested (R is what retrieval alone would take)."""
         size = int(np.searchsorted(SIZE_EDGES, size, side="right"))
         last, self._last_quiet = self._last_quiet, (size, self._model_read, ms)
@@ -268,8 +269,11 @@ class HybridDrafter:
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         sent = len(tree)
         accepted_merged = result.accepted
-        b, model_sent = self._bucket, any(1 in n.where for n in self._merged[:sent])
-        if model_sent:  # what did the model's nodes add?
+        # A round counts as the model's once it drafted, whether or not the controller sent any of its nodes:
+        # an unsure model's draft is often not worth a node, yet its drafting time was spent (G is per round
+        # drafted, so such rounds add 0 to it).
+        b, drafted = self._bucket, len(self._drafts[1]) > 0
+        if drafted:  # what did the model's nodes add?
             self._model_rounds += 1
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
@@ -277,10 +281,10 @@ class HybridDrafter:
                 self._gain[row] = FORGET * self._gain[row] + (len(accepted_merged) - by_retrieval, 1)
         if not self._first_round:  # its pass reads the prompt: not a typical round
             ms = (time.perf_counter() - self._sent_at) * 1e3
-            if not model_sent:
+            if not drafted:
                 ms = self._time_quiet_round(sent, ms)
             for row in (b, ALL):
-                self._round_ms[row, int(model_sent)] = moving_average(self._round_ms[row, int(model_sent)], ms)
+                self._round_ms[row, int(drafted)] = moving_average(self._round_ms[row, int(drafted)], ms)
         self._first_round = False
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)

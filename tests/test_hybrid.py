@@ -279,6 +279,22 @@ def test_a_model_that_pays_only_with_nothing_to_read_does_not_read_beside_every_
     assert "RR" not in after and after.count("D") > len(after) / 3
 
 
+def test_a_model_whose_drafts_are_never_worth_sending_stops_drafting(monkeypatch):
+    """The model is unsure (its one node, 30, is estimated at 0.05), so the controller sends only retrieval's
+    10-11-12 of the merged tree, which the verifier takes: the model's 50 ms of drafting buy nothing. Those
+    rounds are the model's rounds all the same (G is per round it drafted): it drafts MEASURED of them, and
+    then only when the exploring budget pays for one. Counted by its sent nodes instead, it never finished
+    measuring and drafted every round."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(DraftTree([30], [-1], accept_probs=[0.05]), clock)
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+    hybrid.begin([1])
+    did = model_rounds(hybrid, model, 40, take=(10, 11, 12), send=3)
+    assert did[: MEASURED + 1] == ["draft"] * MEASURED + ["read"]
+    # Exploring: each round after those puts aside EXPLORE_SHARE of its 100 ms; a round with the model loses 50
+    assert did[MEASURED + 1:].count("draft") <= (40 - MEASURED - 1) * EXPLORE_SHARE * 100.0 / 50.0
+
+
 def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
     """`rounds` rounds of 100 ms in which the verifier commits `take` (and a bonus token); the rounds the model
     drafted."""
@@ -286,13 +302,15 @@ def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tupl
 
 
 def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...],
-                 reading_slows: float = 0.0) -> list[str]:
+                 reading_slows: float = 0.0, send: int | None = None) -> list[str]:
     """As run_rounds; what the model did in each round: "draft", "read" (during the pass, without drafting) or
-    "rest". `reading_slows`: by what share the pass is longer where the model works during it."""
+    "rest". `reading_slows`: by what share the pass is longer where the model works during it. `send`: the
+    nodes the controller sends of each tree (all by default)."""
     did = []
     for _ in range(rounds):
         proposed, speculated = model.proposed, len(model.speculated)
         tree = hybrid.propose()
+        tree = tree if send is None else tree.prefix(send)
         hybrid.speculate(lambda: True)
         did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) > speculated else "rest")
         accepted = []
