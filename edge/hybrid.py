@@ -15,8 +15,8 @@ none of the model's nodes included: an unsure model's drafting buys nothing), an
 sending the tree to the verdict, with the model drafting (R_m: its nodes make the pass longer, its
 speculation may outlast the pass) and without (R); D is the model's drafting time and B what it has to read
 first (committed tokens it did not read during the pass: a verdict's tokens beyond those it read ahead).
-The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first (MEASURE_ROUNDS rounds with the
-model, one without), then each bucket drafts with the model once where it can at no more than its usual cost
+The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first
+(MEASURE_ROUNDS rounds with the model, one without), then each bucket drafts with the model once where it can at no more than its usual cost
 (G differs most between buckets; a model far behind measures a bucket from the exploring budget below); until
 a bucket has more figures of its own it takes all buckets' (its G starts from their mean, worth PRIOR_ROUNDS
 of its own rounds). Where the model does not pay, a round with it loses R_m + D + B - R (1 + E + G) / (1 + E)
