@@ -12,17 +12,17 @@ is confident the model rarely adds a token, so each round the hybrid asks whethe
 of retrieval's expected accepted tokens E it measures G, the tokens the verifier accepted beyond retrieval's
 own nodes when the model drafted (a mean over the last few such rounds, those in which the controller sent
 none of the model's nodes included: an unsure model's drafting buys nothing), and the round's time from
-sending the tree to the verdict, with the model drafting (R_m: its nodes make the pass longer, its
-speculation may outlast the pass) and without (R); D is the model's drafting time and B what it has to read
-first (committed tokens it did not read during the pass: a verdict's tokens beyond those it read ahead).
-The model pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first
-(MEASURE_ROUNDS rounds with the model, one without), then each bucket drafts with the model once where it can at no more than its usual cost
-(G differs most between buckets; a model far behind measures a bucket from the exploring budget below); until
-a bucket has more figures of its own it takes all buckets' (its G starts from their mean, worth PRIOR_ROUNDS
-of its own rounds). Where the model does not pay, a round with it loses R_m + D + B - R (1 + E + G) / (1 + E)
-ms; the bucket still runs one once its rounds without the model have set that much aside at EXPLORE_SHARE of
-their time, so G stays measured and follows the text at a bounded cost: often where the model nearly pays,
-rarely where it is far from it (as where retrieval commits many tokens per pass).
+sending the tree to the verdict, with the model drafting (R_m: its nodes make the pass longer, its speculation
+may outlast the pass) and without (R); D is the model's drafting time and B what it has to read first
+(committed tokens it did not read during the pass: a verdict's tokens beyond those it read ahead). The model
+pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first (MEASURE_ROUNDS rounds
+with the model, one without), then each bucket drafts with the model once where it can at no more than its
+usual cost (G differs most between buckets; a model far behind measures a bucket from the exploring budget
+below); until a bucket has more figures of its own it takes all buckets' (its G starts from their mean, worth
+PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with it loses
+R_m + D + B - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
+that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded cost: often where the model
+nearly pays, rarely where it is far from it (as where retrieval commits many tokens per pass).
 
 During the verifier's pass the model reads what the verdict most likely commits (the merged tree's path as
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
