@@ -21,8 +21,9 @@ usual cost (G differs most between buckets; a model far behind measures a bucket
 below); until a bucket has more figures of its own it takes all buckets' (its G starts from their mean, worth
 PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with it loses
 R_m + D + B - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
-that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded cost: often where the model
-nearly pays, rarely where it is far from it (as where retrieval commits many tokens per pass).
+that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded cost:
+often where the model nearly pays, rarely where it is far from it (as where retrieval commits many tokens per
+pass).
 
 During the verifier's pass the model reads what the verdict most likely commits (the merged tree's path as
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
