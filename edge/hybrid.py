@@ -270,9 +270,7 @@ class HybridDrafter:
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         sent = len(tree)
         accepted_merged = result.accepted
-        # A round counts as the model's once it drafted, whether or not the controller sent any of its nodes:
-        # an unsure model's draft is often not worth a node, yet its drafting time was spent (G is per round
-        # drafted, so such rounds add 0 to it).
+        # The model's round once it drafted, its nodes sent or not (the drafting time was spent either way)
         b, drafted = self._bucket, len(self._drafts[1]) > 0
         if drafted:  # what did the model's nodes add?
             self._model_rounds += 1
