@@ -8,6 +8,9 @@ sharpens it. This is what lets the controller skip drafting where matches are we
 Depth is not a dimension: replaying recorded Spec-Bench generations (bench/replay.py) showed depth cells
 learning too slowly to pay for themselves (the path product already discounts deep nodes), and a prior
 30% more optimistic than the first guess was closer to the measured rates.
+
+The tables are kept across generations; within one, the estimates move by the generation's own shift
+(edge/generation_shift.py), fitted to the nodes reached in it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from specedge.edge.generation_shift import GenerationShift
 
 MATCH_BUCKETS = np.array([1, 2, 3, 4, 6, 9, 17])  # lower bounds of the match-length buckets
 BASE = np.array([0.2, 0.33, 0.52, 0.65, 0.78, 0.9, 0.95])  # prior acceptance of a sole continuation, per bucket
@@ -40,20 +45,26 @@ class NodeStats:
     def take(self, index: np.ndarray) -> NodeStats:
         return NodeStats(self.long_term[index], self.match_len[index], self.share[index])
 
+    def priors(self) -> np.ndarray:
+        """What a fresh model believes of each node."""
+        return self.share * BASE[np.maximum(np.searchsorted(MATCH_BUCKETS, self.match_len, side="right") - 1, 0)]
+
 
 class AcceptanceModel:
     def __init__(self) -> None:
         self.accepted = np.zeros(int(np.prod(SHAPE)))
         self.reached = np.zeros(int(np.prod(SHAPE)))
+        self.generation = GenerationShift(self._long_run)  # this generation's shift of the tables' estimates
 
     def probs(self, stats: NodeStats) -> np.ndarray:
         """P(node accepted | its parent accepted), per node."""
-        cells = stats.cells()
-        match_bucket = np.unravel_index(cells, SHAPE)[1]
-        prior = stats.share * BASE[match_bucket]
-        return (self.accepted[cells] + PRIOR_WEIGHT * prior) / (self.reached[cells] + PRIOR_WEIGHT)
+        return self.generation.apply(self._long_run(stats.cells(), stats.priors()))
 
-    def update(self, cells: np.ndarray, accepted: np.ndarray) -> None:
-        """Reached nodes' cells and whether each was accepted."""
+    def _long_run(self, cells: np.ndarray, priors: np.ndarray) -> np.ndarray:
+        return (self.accepted[cells] + PRIOR_WEIGHT * priors) / (self.reached[cells] + PRIOR_WEIGHT)
+
+    def update(self, cells: np.ndarray, priors: np.ndarray, accepted: np.ndarray) -> None:
+        """Reached nodes' cells, their `NodeStats.priors`, and whether each was accepted."""
         np.add.at(self.reached, cells, 1.0)
         np.add.at(self.accepted, cells, accepted.astype(np.float64))
+        self.generation.observe(cells, priors, accepted)

@@ -3,12 +3,15 @@
 A model drafter's own probability of a token is an optimistic guess of the target's agreement (a smaller
 model, another tokenizer, a sampled draft); the controller's expected-value rule needs the real rate. Raw
 conditional probabilities are bucketed; each bucket starts at its own midpoint with PRIOR_WEIGHT
-observations' worth of belief and moves with every node the verifier reached.
+observations' worth of belief and moves with every node the verifier reached. The buckets are kept across
+generations; within one, the estimates move by the generation's own shift (edge/generation_shift.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from specedge.edge.generation_shift import GenerationShift
 
 EDGES = np.linspace(0.0, 1.0, 11)[1:-1]  # ten buckets of raw probability
 PRIOR_WEIGHT = 4.0
@@ -20,6 +23,7 @@ class Calibration:
         self.accepted = np.zeros(len(EDGES) + 1)
         self.reached = np.zeros(len(EDGES) + 1)
         self._prior = prior_scale * (np.concatenate(([0.0], EDGES)) + np.concatenate((EDGES, [1.0]))) / 2
+        self.generation = GenerationShift(lambda buckets, _: self._long_run(buckets))
 
     @staticmethod
     def buckets(raw: np.ndarray) -> np.ndarray:
@@ -27,13 +31,16 @@ class Calibration:
 
     def probs(self, raw: np.ndarray) -> np.ndarray:
         """P(node accepted | its parent accepted) for nodes of these raw conditional probabilities."""
-        b = self.buckets(raw)
+        return self.generation.apply(self._long_run(self.buckets(raw)))
+
+    def _long_run(self, b: np.ndarray) -> np.ndarray:
         return (self.accepted[b] + PRIOR_WEIGHT * self._prior[b]) / (self.reached[b] + PRIOR_WEIGHT)
 
     def update(self, buckets: np.ndarray, accepted: np.ndarray) -> None:
         """Reached nodes' buckets and whether each was accepted."""
         np.add.at(self.reached, buckets, 1.0)
         np.add.at(self.accepted, buckets, np.asarray(accepted, dtype=np.float64))
+        self.generation.observe(buckets, np.zeros(len(buckets)), np.asarray(accepted, dtype=bool))
 
 
 def reached_and_accepted(parents: list[int], accepted_nodes: list[int]) -> tuple[np.ndarray, np.ndarray]:

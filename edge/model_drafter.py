@@ -92,6 +92,7 @@ class ModelDrafter:
         self._stop_reader(wait=False)
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
+        self.calibration.generation.begin()
         self._logits.clear()
         self._prefilled = False
         if read and self.prefill_in_background and self.context:

@@ -141,6 +141,11 @@ class Recycler:
         classes = len(PRIOR_SCALE) * (len(AGREEMENT) + 2)
         self._judged_accepted, self._judged_expected = np.zeros(classes), np.zeros(classes)
 
+    def begin_generation(self) -> None:
+        for calibration in self.calibration:
+            calibration.generation.begin()
+        self._luts = None
+
     def grow(self, draft: DraftTree, context: list[int], max_nodes: int) -> tuple[DraftTree, list[int]]:
         """`draft` (best first, with estimates) extended by table rows; also, per node of the result, its
         index in `draft` (-1 for a node only the table proposed). `context` ends with the root token."""

@@ -55,6 +55,9 @@ class RetrievalDrafter:
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.index = ContextIndex(prompt_ids)
         self._prompt_len = len(prompt_ids)
+        self.model.generation.begin()
+        if self.recycler is not None:
+            self.recycler.begin_generation()
 
     def candidates(self) -> CandidateSet:
         parts = []
@@ -83,25 +86,27 @@ class RetrievalDrafter:
         # take GROW_SLACK more each round when the drafts get better).
         cap = min(self.max_nodes, max(self._sent) + GROW_SLACK) if self._sent else self.max_nodes
         draft, stats = build_draft(self.candidates(), self.model, cap, self.max_depth)
-        cells = stats.cells()  # the acceptance model's cell of each node
+        cells, priors = stats.cells(), stats.priors()  # each node's cell in the acceptance model, its prior
         table_notes = None
         if self.recycler is not None and len(self.recycler.table):
             draft, source = self.recycler.grow(draft, self._tail(CONTEXT), cap)
             source = np.asarray(source, dtype=np.int64)
             cells = np.where(source >= 0, cells[np.maximum(source, 0)] if len(cells) else -1, -1)
+            priors = np.where(source >= 0, priors[np.maximum(source, 0)] if len(priors) else 0.0, 0.0)
             table_notes = draft.notes
-        # Per node: (its model cell, -1 where retrieval did not propose it; what it took from the table).
-        draft.notes = list(zip(cells.tolist(), table_notes or [None] * len(draft)))
+        # Per node: (its model cell, -1 where retrieval did not propose it; its prior; what it took from the table).
+        draft.notes = list(zip(cells.tolist(), priors.tolist(), table_notes or [None] * len(draft)))
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         self._sent.append(len(tree))
         if len(tree) and tree.notes is not None:  # (a tree not drafted here has no notes to learn by)
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
-            cells = np.array([cell for cell, _ in tree.notes], dtype=np.int64)
+            cells = np.array([cell for cell, _, _ in tree.notes], dtype=np.int64)
+            priors = np.array([prior for _, prior, _ in tree.notes])
             mine = reached & (cells >= 0)
-            self.model.update(cells[mine], accepted[mine])
-            table_notes = None if tree.notes[0][1] is None else [note for _, note in tree.notes]
+            self.model.update(cells[mine], priors[mine], accepted[mine])
+            table_notes = None if tree.notes[0][2] is None else [note for _, _, note in tree.notes]
             tabled = self.recycler.observe(table_notes, reached, accepted) if self.recycler is not None else None
             for node, depth in enumerate(tree.depths()):
                 if reached[node]:

@@ -66,6 +66,20 @@ def test_observed_tokens_are_indexed_and_answers_update_the_model():
     assert drafter.propose().accept_probs[0] > before
 
 
+def test_a_generation_whose_drafts_fail_trusts_them_less_until_the_next_prompt():
+    drafter = RetrievalDrafter(hints_top_k=0)
+    prompt = [1] + SENTENCE + [2] + SENTENCE[:2]
+    drafter.begin(prompt)
+    for _ in range(3):  # the text goes elsewhere: every draft is rejected at its first token
+        drafter.observe(drafter.propose().prefix(3), StepResult(tokens=[99], accepted=[], compute_ms=1.0))
+        drafter.index.append(SENTENCE[:2])  # the same ending again, so the same draft
+    assert drafter.model.generation.value < 0
+    lowered = drafter.propose().accept_probs[0]
+    drafter.begin(drafter.index.tokens[: drafter.index.n].tolist())  # a new prompt, the same text
+    assert drafter.model.generation.value == 0
+    assert drafter.propose().accept_probs[0] > lowered
+
+
 def test_earlier_outputs_supply_continuations_the_context_lacks():
     drafter = RetrievalDrafter()
     drafter.begin([1, 2, 3])
