@@ -140,27 +140,37 @@ def hf_decode(hf, prompt: list[int], new_tokens: int) -> tuple[list[int], float]
     return out[0, len(prompt):].tolist(), time.perf_counter() - start
 
 
-def step_breakdown(engine: Engine, prompt: list[int], reps: int) -> dict:
-    """Where a one-token step's time goes: building its batch on the host (and copying it over), the forward
-    pass (launches and device time), and the whole step (the verdict's copy back, commit and bookkeeping)."""
-    seq = engine.add_sequence(prompt, GREEDY)
-    engine.step([(seq, DraftTree.empty())])
+def step_breakdown(engine: Engine, work_of, reps: int) -> dict:
+    """Where a step's time goes: building its batch on the host (and copying it over), the forward pass
+    (launches and device time), and the whole step (the verdicts' copy back, hints, commit, bookkeeping)."""
     build, forward = [], []
     for _ in range(reps + 3):
-        engine.pool.reserve(seq.seq_id, seq.num_cached + 1)
+        work = work_of()
+        items = [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work]
+        for seq, tree, chain in items:
+            engine.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
         sync(engine.device)
         t0 = time.perf_counter()
-        batch, rows = engine._build_batch([(seq, DraftTree.empty(), 1)], logits_for=1)
+        batch, rows = engine._build_batch(items, logits_for=len(work))
         batch, rows = batch.to(engine.device), rows.to(engine.device)
         sync(engine.device)
         t1 = time.perf_counter()
         engine._forward(batch, engine.pool, rows)  # as a step runs it: replayed from a graph once captured
         sync(engine.device)
         build.append((t1 - t0) * 1e3), forward.append((time.perf_counter() - t1) * 1e3)
-    step = timed_steps(engine, lambda: [(seq, DraftTree.empty())], reps)
-    engine.release(seq)
-    engine.pool.drop_cached()
+    step = timed_steps(engine, work_of, reps)
     return {"build_ms": statistics.median(build[3:]), "forward_ms": statistics.median(forward[3:]), "step_ms": step}
+
+
+def sessions_breakdown(engine: Engine, sessions: int, tree: int, context: int, reps: int, rng: random.Random,
+                       hints: int = 0) -> dict:
+    """`step_breakdown` of a step of `sessions` sessions each verifying a tree of `tree` nodes."""
+    seqs = open_sessions(engine, sessions, context, rng, hints)
+    row = step_breakdown(engine, lambda: [(s, random_tree(tree, engine.vocab_size, rng)) for s in seqs], reps)
+    for s in seqs:
+        engine.release(s)
+    engine.pool.drop_cached()
+    return {"sessions": sessions, "tokens_each": tree + 1, "context": context, "hints": hints, **row}
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
@@ -199,7 +209,11 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
         f"{result['decode'].get('engine_eager_tok_s', 0):.0f}), transformers {result['decode']['hf_tok_s']:.0f} "
         f"tok/s ({result['decode']['ratio']:.2f}x); same first {result['decode']['agree_first_tokens']} tokens")
 
-    result["decode_step"] = step_breakdown(engine, prompt, args.reps)
+    seq = engine.add_sequence(prompt, GREEDY)
+    engine.step([(seq, DraftTree.empty())])
+    result["decode_step"] = step_breakdown(engine, lambda: [(seq, DraftTree.empty())], args.reps)
+    engine.release(seq)
+    engine.pool.drop_cached()
     log(f"{name}: a decoding step: {result['decode_step']}")
 
     result["by_tree_tokens"], result["by_sessions"] = [], []
@@ -217,6 +231,10 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
             result["by_sessions"] += rows
             log(f"{name}: {sessions} sessions, hints {hints}, pass ms by tokens each: "
                 + " ".join(f"{r['tokens_each']}:{r['ms']:.2f}" for r in rows))
+    result["breakdowns"] = [sessions_breakdown(engine, n, tree, args.contexts[0], args.reps, rng, hints)
+                            for n in args.breakdown_sessions for tree in (0, 8) for hints in sorted({0, args.hints})]
+    for row in result["breakdowns"]:
+        log(f"{name}: breakdown {row}")
     result["graphs_captured"] = len(engine.graphs.graphs) if engine.graphs else 0
     result["graphs_enabled"] = bool(engine.graphs and engine.graphs.enabled)
     del engine, hf
@@ -234,6 +252,8 @@ def main() -> None:
                    "sessions sweep)")
     p.add_argument("--sessions", default=",".join(map(str, SESSIONS)), help="sessions per step to sweep")
     p.add_argument("--hints", type=int, default=0, help="also measure with this many hint tokens per row")
+    p.add_argument("--breakdown-sessions", default="1,16", help="steps of this many sessions are split into "
+                   "host, forward and whole-step time")
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -242,10 +262,12 @@ def main() -> None:
     args = p.parse_args()
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.sessions = [int(n) for n in args.sessions.split(",")]
+    args.breakdown_sessions = [int(n) for n in args.breakdown_sessions.split(",")]
     if args.quick:
         global TREE_TOKENS, TREE_PER_SESSION
         TREE_TOKENS, TREE_PER_SESSION = [0, 7], [0, 4]
         args.contexts, args.sessions, args.reps, args.decode_reps, args.new_tokens = [64], [1, 2], 2, 1, 8
+        args.breakdown_sessions = [2]
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     info = {"torch": torch.__version__}
     if device.type == "cuda":
