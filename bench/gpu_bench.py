@@ -26,6 +26,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from specedge.cloud.engine import Engine
+from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
@@ -152,7 +153,7 @@ def step_breakdown(engine: Engine, work_of, reps: int) -> dict:
         sync(engine.device)
         t0 = time.perf_counter()
         batch, rows = engine._build_batch(items, logits_for=len(work))
-        batch, rows = batch.to(engine.device), rows.to(engine.device)
+        batch, rows = batch.to(engine.device, rows)
         sync(engine.device)
         t1 = time.perf_counter()
         engine._forward(batch, engine.pool, rows)  # as a step runs it: replayed from a graph once captured
@@ -171,6 +172,30 @@ def sessions_breakdown(engine: Engine, sessions: int, tree: int, context: int, r
         engine.release(s)
     engine.pool.drop_cached()
     return {"sessions": sessions, "tokens_each": tree + 1, "context": context, "hints": hints, **row}
+
+
+def hint_ops(device: torch.device, dtype: torch.dtype, rows: int, vocab: int, k: int, reps: int) -> dict:
+    """Median ms of each operation of the hints off the CPU (cloud/hints.py top_k_hints_plain) on `rows`
+    random rows of logits, and of the whole, to see which one a step of many sessions with hints pays for."""
+    logits = torch.randn(rows, vocab, device=device, dtype=dtype) * 4
+    ops = {
+        "float": lambda: logits.float(),
+        "topk_fp32": lambda: logits.float().topk(k, dim=-1),
+        "topk_native": lambda: logits.topk(k, dim=-1),
+        "logsumexp": lambda: torch.logsumexp(logits.float() - logits.float().amax(-1, keepdim=True), dim=-1),
+        "whole": lambda: top_k_hints(logits, k),
+    }
+    out = {}
+    for name, op in ops.items():
+        times = []
+        for _ in range(reps + 3):
+            sync(device)
+            start = time.perf_counter()
+            op()
+            sync(device)
+            times.append((time.perf_counter() - start) * 1e3)
+        out[name] = statistics.median(times[3:])
+    return {"rows": rows, "vocab": vocab, "k": k, **out}
 
 
 def first_difference(a: list[int], b: list[int]) -> int:
@@ -235,6 +260,10 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
                             for n in args.breakdown_sessions for tree in (0, 8) for hints in sorted({0, args.hints})]
     for row in result["breakdowns"]:
         log(f"{name}: breakdown {row}")
+    if args.hints:
+        result["hint_ops"] = [hint_ops(device, dtype, rows, engine.vocab_size, args.hints, args.reps)
+                              for rows in (9, 144)]
+        log(f"{name}: hint operations (ms): {result['hint_ops']}")
     result["graphs_captured"] = len(engine.graphs.graphs) if engine.graphs else 0
     result["graphs_enabled"] = bool(engine.graphs and engine.graphs.enabled)
     del engine, hf

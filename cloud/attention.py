@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -27,9 +28,9 @@ class SeqSlice:
 
     def __post_init__(self) -> None:
         # A sequence's blocks are often consecutive in the pool; then its context is a view, not a gather.
-        first = int(self.ctx_slots[0])
-        contiguous = int(self.ctx_slots[-1]) - first == len(self.ctx_slots) - 1 and bool(
-            (self.ctx_slots.diff() == 1).all())
+        slots = self.ctx_slots.numpy()
+        first = int(slots[0])
+        contiguous = int(slots[-1]) - first == len(slots) - 1 and bool((np.diff(slots) == 1).all())
         self.ctx_range = (first, first + len(self.ctx_slots)) if contiguous else None
 
     def context(self, cache: torch.Tensor) -> torch.Tensor:
@@ -78,12 +79,36 @@ class StepBatch:
     seqs: list[SeqSlice]
     padded: list[PaddedGroup] | None = None  # off the CPU: the sequences as padded groups (set by `to`)
 
-    def to(self, device: torch.device) -> StepBatch:
-        """This batch on `device`; off the CPU its sequences become padded groups (cloud/padded_attention.py)."""
-        if device.type == "cpu":
-            return self
-        return StepBatch(self.input_ids.to(device), self.positions.to(device), self.new_slots.to(device), [],
-                         [g.to(device) for g in pad_groups(self.seqs)])
+    def to(self, device: torch.device, logits_rows: torch.Tensor, padded: bool | None = None
+           ) -> tuple[StepBatch, torch.Tensor]:
+        """This batch and its logits rows on `device`. Off the CPU (or with `padded`, which tests use to check
+        that layout on the CPU) its sequences become padded groups (cloud/padded_attention.py), and everything
+        goes over in one transfer per dtype."""
+        if not (device.type != "cpu" if padded is None else padded):
+            return self, logits_rows
+        groups = pad_groups(self.seqs)
+        moved = to_device([self.input_ids, self.positions, self.new_slots, logits_rows]
+                          + [t for g in groups for t in g.tensors()], device)
+        rest = iter(moved[4:])
+        groups = [PaddedGroup(*(next(rest) for _ in g.tensors())) for g in groups]
+        return StepBatch(*moved[:3], [], groups), moved[3]
+
+
+def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The tensors on `device` through one pinned buffer and one copy per dtype: a step's inputs are a dozen
+    small tensors, and each copy of its own costs tens of microseconds."""
+    moved: list[torch.Tensor | None] = [None] * len(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    for dtype, members in by_dtype.items():
+        flat = [tensors[i].reshape(-1) for i in members]
+        staged = torch.empty(sum(len(f) for f in flat), dtype=dtype, pin_memory=device.type == "cuda")
+        torch.cat(flat, out=staged)
+        parts = staged.to(device, non_blocking=True).split([len(f) for f in flat])
+        for i, part in zip(members, parts):
+            moved[i] = part.view(tensors[i].shape)
+    return moved
 
 
 def paged_attention(

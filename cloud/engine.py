@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from specedge.cloud.acceptance import Verdict, verify_tree
@@ -116,7 +117,8 @@ class Engine:
         for seq, tree, chain in items:
             self.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
         batch, logits_rows = self._build_batch(items, logits_for=len(work))
-        logits = self._forward(batch.to(self.device), self.pool, logits_rows.to(self.device))
+        batch, logits_rows = batch.to(self.device, logits_rows)
+        logits = self._forward(batch, self.pool, logits_rows)
         return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
 
     def _hints(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]) -> list[Hints | None]:
@@ -159,12 +161,13 @@ class Engine:
         for the first `logits_for` items (the root, at the chain's last token, and each tree node)."""
         ids, positions, new_slots, seqs, logits_rows = [], [], [], [], []
         start = 0
-        for i, (seq, tree, chain) in enumerate(items):
+        for i, (seq, tree, chain) in enumerate(items):  # numpy, not torch: ~5x less overhead per small array
             cached = seq.num_cached
             n = chain + len(tree)
-            tree_pos = cached + chain - 1 + torch.tensor(tree.depths(), dtype=torch.long)
-            pos = torch.cat([torch.arange(cached, cached + chain), tree_pos])
-            ids.append(torch.tensor(seq.token_ids[cached : cached + chain] + list(tree.tokens), dtype=torch.long))
+            pos = np.concatenate([np.arange(cached, cached + chain),
+                                  np.asarray(tree.depths(), dtype=np.int64) + (cached + chain - 1)])
+            ids += seq.token_ids[cached : cached + chain]
+            ids += tree.tokens
             positions.append(pos)
             ctx_slots = self.pool.slots(seq.seq_id, 0, cached + n)
             new_slots.append(ctx_slots[cached:])
@@ -174,16 +177,17 @@ class Engine:
                     end=start + n,
                     ctx_slots=ctx_slots,
                     mask=step_mask(cached, chain, tree),
-                    query_pos=pos,
-                    key_pos=torch.cat([torch.arange(cached), pos]),
+                    query_pos=torch.from_numpy(pos),
+                    key_pos=torch.from_numpy(np.concatenate([np.arange(cached), pos])),
                     causal_rows=chain if cached == 0 else 0,
                 )
             )
             if i < logits_for:
-                logits_rows.append(torch.arange(start + chain - 1, start + n))
+                logits_rows.append(np.arange(start + chain - 1, start + n))
             start += n
-        batch = StepBatch(torch.cat(ids), torch.cat(positions), torch.cat(new_slots), seqs)
-        rows = torch.cat(logits_rows) if logits_rows else torch.empty(0, dtype=torch.long)
+        batch = StepBatch(torch.tensor(ids, dtype=torch.long), torch.from_numpy(np.concatenate(positions)),
+                          torch.cat(new_slots), seqs)
+        rows = torch.from_numpy(np.concatenate(logits_rows)) if logits_rows else torch.empty(0, dtype=torch.long)
         return batch, rows
 
     def commit(self, seq: Sequence, tree: DraftTree, verdict: Verdict) -> None:

