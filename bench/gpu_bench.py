@@ -28,6 +28,7 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, Llama
 from specedge.cloud.engine import Engine
 from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
+from specedge.cloud.padded_attention import pad_groups
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 
@@ -144,7 +145,7 @@ def hf_decode(hf, prompt: list[int], new_tokens: int) -> tuple[list[int], float]
 def step_breakdown(engine: Engine, work_of, reps: int) -> dict:
     """Where a step's time goes: building its batch on the host (and copying it over), the forward pass
     (launches and device time), and the whole step (the verdicts' copy back, hints, commit, bookkeeping)."""
-    build, forward = [], []
+    parts = {"batch_ms": [], "groups_ms": [], "to_ms": [], "build_ms": [], "forward_ms": []}
     for _ in range(reps + 3):
         work = work_of()
         items = [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work]
@@ -153,14 +154,20 @@ def step_breakdown(engine: Engine, work_of, reps: int) -> dict:
         sync(engine.device)
         t0 = time.perf_counter()
         batch, rows = engine._build_batch(items, logits_for=len(work))
+        t_batch = time.perf_counter()
+        pad_groups(batch.seqs)  # timed alone; `to` builds them again, then sends everything over
+        t_groups = time.perf_counter()
         batch, rows = batch.to(engine.device, rows)
         sync(engine.device)
         t1 = time.perf_counter()
         engine._forward(batch, engine.pool, rows)  # as a step runs it: replayed from a graph once captured
         sync(engine.device)
-        build.append((t1 - t0) * 1e3), forward.append((time.perf_counter() - t1) * 1e3)
-    step = timed_steps(engine, work_of, reps)
-    return {"build_ms": statistics.median(build[3:]), "forward_ms": statistics.median(forward[3:]), "step_ms": step}
+        t2 = time.perf_counter()
+        for key, ms in (("batch_ms", t_batch - t0), ("groups_ms", t_groups - t_batch), ("to_ms", t1 - t_groups),
+                        ("build_ms", t_batch - t0 + t1 - t_groups), ("forward_ms", t2 - t1)):
+            parts[key].append(ms * 1e3)
+    return {**{key: statistics.median(ms[3:]) for key, ms in parts.items()},
+            "step_ms": timed_steps(engine, work_of, reps)}
 
 
 def sessions_breakdown(engine: Engine, sessions: int, tree: int, context: int, reps: int, rng: random.Random,

@@ -22,10 +22,10 @@ def top_k_hints(logits: torch.Tensor, k: int, temperature: float = 0.0) -> Hints
     """Each row's k most likely tokens and their probabilities at `temperature` (0, greedy, reads as 1).
 
     `logits` is [rows, V]; off the CPU they are computed where they lie, and only the hints come back."""
-    logits = logits.detach().float().contiguous()
     scale = 1.0 / temperature if temperature > 0 else 1.0
     if logits.device.type != "cpu":
-        return top_k_hints_plain(logits, k, scale)
+        return top_k_hints_plain(logits.detach(), k, scale)
+    logits = logits.detach().float().contiguous()
     values, ids = _top_k(logits, min(k, logits.shape[-1]))
     top = values[:, :1]
     norm = torch.empty(len(logits), 1)  # sum of exp((logit - max) * scale)
@@ -42,11 +42,12 @@ def top_k_hints(logits: torch.Tensor, k: int, temperature: float = 0.0) -> Hints
 
 def top_k_hints_plain(logits: torch.Tensor, k: int, scale: float = 1.0) -> Hints:
     """The same hints from torch.topk and logsumexp: what a GPU runs fast (the blocked search above is for
-    the CPU's few cores)."""
+    the CPU's few cores). The top k are searched in the logits' own number format (bfloat16 on a GPU: half
+    the bytes of a float32 copy, the same values), the normaliser is summed in float32."""
     values, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)
-    top = values[:, :1]
-    log_norm = torch.logsumexp((logits - top) * scale, dim=-1, keepdim=True)
-    probs = ((values - top) * scale - log_norm).exp()
+    scaled = logits.float() if scale == 1.0 else logits.float() * scale  # never in place: float() may be a no-op
+    log_norm = torch.logsumexp(scaled, dim=-1, keepdim=True)  # subtracts each row's maximum itself
+    probs = (values.float() * scale - log_norm).exp()
     return Hints(ids.cpu().tolist(), probs.cpu().tolist())
 
 
