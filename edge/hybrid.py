@@ -9,7 +9,8 @@ verdict on the nodes of its own that were sent.
 
 The model costs tens of ms per round on an edge CPU; retrieval costs well under one. Where retrieval's draft
 is confident the model rarely adds a token, so each round the hybrid asks whether the model pays. Per bucket
-of retrieval's expected accepted tokens E it measures G, the tokens the verifier accepted beyond retrieval's
+of retrieval's expected accepted tokens E (each twice: rounds after one the model led, its tokens taken to the
+end of the tree, keep figures of their own) it measures G, the tokens the verifier accepted beyond retrieval's
 own nodes when the model drafted (a mean over the last few such rounds, those in which the controller sent
 none of the model's nodes included: an unsure model's drafting buys nothing), and the round's time from
 sending the tree to the verdict, with the model drafting (R_m: its nodes make the pass longer, its speculation
@@ -73,6 +74,7 @@ class _Merged:
 
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
+BUCKETS = len(EXPECTED_EDGES) + 1
 EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
 MEASURE_ROUNDS = 4  # a fresh hybrid's rounds with the model before it decides (one alone once shut it off)
 PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in rounds of its own
@@ -92,7 +94,11 @@ class HybridDrafter:
         self.max_nodes = max_nodes
         self._drafts: tuple[DraftTree, ...] = ()
         self._merged: list[_Merged] = []
-        rows = len(EXPECTED_EDGES) + 2  # one per bucket, and the last for all buckets together (ALL)
+        # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
+        # all of them together (ALL)
+        rows = 2 * BUCKETS + 1
+        self.split_after_led = True  # False: the model's lead does not count (for comparison)
+        self._led = False  # the last round's verdict ran out along the model's own nodes (see observe)
         self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
         # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
@@ -126,13 +132,12 @@ class HybridDrafter:
     def _wanted_for(self, expected: float, behind_ms: float) -> tuple[str, bool]:
         """DRAFT, READ or REST by this round's figures alone, and whether the model pays here (had it read
         everything committed but the verdict's bonus token)."""
-        b = self._bucket = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
+        b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
+        b = self._bucket = b + BUCKETS if self._led and self.split_after_led else b
         if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(self._round_ms[ALL, 1]):
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
             return READ, False  # a round without the model, which times R
-        if not self._gain[b, 1] and behind_ms <= self.model_ms:
-            return DRAFT, False  # G differs most between buckets: each measures it once where that is cheap
         # A bucket's own figures where it has them, all buckets' until then: G starts from the mean of all
         # buckets', worth PRIOR_ROUNDS of its own. The model's nodes and speculation can only delay the
         # verdict: a round that took less time with them committed fewer tokens (a pass's time grows with
@@ -154,6 +159,8 @@ class HybridDrafter:
         pays = loss + (self.sources[1].token_ms or 0.0) < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
+        if not self._gain[b, 1] and behind_ms <= self.model_ms:
+            return DRAFT, pays  # G differs most between buckets: each measures it once where that is cheap
         if pays:  # it reads during this pass, and drafts in the next round
             return READ, pays
         self._explore_ms[b] += EXPLORE_SHARE * without
@@ -195,7 +202,7 @@ class HybridDrafter:
         return ms / (1.0 + self._slowed_by_reading()) if self._model_read and self._reading_pairs[1] else ms
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
-        self._first_round, self._last_quiet = True, None
+        self._first_round, self._last_quiet, self._led = True, None, False
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
         # Once measured, a model reads the prompt only from the first round it drafts or reads in.
@@ -276,8 +283,16 @@ class HybridDrafter:
             self._model_rounds += 1
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
+            gain = len(accepted_merged) - by_retrieval
             for row in (b, ALL):
-                self._gain[row] = FORGET * self._gain[row] + (len(accepted_merged) - by_retrieval, 1)
+                self._gain[row] = FORGET * self._gain[row] + (gain, 1)
+            # The model led: it added tokens and the verdict ended where the tree did, not at a rejection.
+            # Retrieval's estimate says little of what the model adds after such a round (a repeated
+            # structure: the model drafts a dozen tokens, all accepted, and retrieval's long match that
+            # follows commits two), so those rounds keep figures of their own.
+            self._led = gain > 0 and not any(n.parent == accepted_merged[-1] for n in self._merged[:sent])
+        else:
+            self._led = False
         if not self._first_round:  # its pass reads the prompt: not a typical round
             ms = (time.perf_counter() - self._sent_at) * 1e3
             if not drafted:

@@ -423,3 +423,31 @@ def test_a_drafter_that_speculates_gets_every_pass_even_with_nothing_to_send():
     drafter = Scripted(DraftTree.empty())
     generate(OneTokenSession(), (), drafter)
     assert drafter.proposed == 6 and len(drafter.speculated) == 6
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_rounds_after_the_model_led_keep_figures_of_their_own(monkeypatch, split):
+    """Retrieval is confident (2.6 tokens expected) every round, so one bucket holds them all. The model
+    leads a round when the verifier takes its 13-14-15 to the end of the tree; here it is right in every
+    round after one it did not lead, and adds nothing after one it led. Rounds after a lead keep their own
+    figures (G = 0 there, 3 in the others), so the model drafts in every round that follows one it did not
+    lead, and after a lead only to explore. With one set of figures for the bucket (`split_after_led` off)
+    it sees G ~ 1.5, which does not pay for its 50 ms ((3.6 + 1.5) / 150 ms < 3.6 / 100 ms), and it drafts
+    only to explore. (The text that asked for this: a structure the model repeats, a dozen of its tokens
+    taken, then retrieval's long match that follows, confident, commits two.)"""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(MODEL_ADDS, clock)
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+    hybrid.split_after_led = split
+    hybrid.begin([1])
+    led, after_lead, after_none = False, [], []
+    for r in range(40):
+        take = (10, 11, 12) if led else (10, 13, 14, 15)
+        drafted = model_rounds(hybrid, model, 1, take) == ["draft"]
+        if r > MEASURED:
+            (after_lead if led else after_none).append(drafted)
+        led = drafted and take == (10, 13, 14, 15)
+    if split:
+        assert all(after_none) and sum(after_lead) <= len(after_lead) / 4
+    else:
+        assert sum(after_none) < len(after_none) / 2
