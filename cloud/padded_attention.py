@@ -62,9 +62,6 @@ class PaddedGroup:
         """The inputs, in field order (the masks computed from them aside)."""
         return self.rows, self.seq_of_row, self.row_in_seq, self.gather, self.visible, self.query_pos, self.key_pos
 
-    def to(self, device: torch.device) -> PaddedGroup:
-        return PaddedGroup(*(t.to(device, non_blocking=True) for t in self.tensors()))
-
     def clone(self) -> PaddedGroup:
         return PaddedGroup(*(t.clone() for t in self.tensors()))
 
