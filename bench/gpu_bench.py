@@ -148,12 +148,9 @@ def step_breakdown(engine: Engine, work_of, reps: int) -> dict:
     parts = {"batch_ms": [], "groups_ms": [], "to_ms": [], "build_ms": [], "forward_ms": []}
     for _ in range(reps + 3):
         work = work_of()
-        items = [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work]
-        for seq, tree, chain in items:
-            engine.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
         sync(engine.device)
         t0 = time.perf_counter()
-        batch, rows = engine._build_batch(items, logits_for=len(work))
+        batch, rows = engine._host_batch(work)  # (the KV slots' reservation included)
         t_batch = time.perf_counter()
         pad_groups(batch.seqs)  # timed alone; `to` builds them again, then sends everything over
         t_groups = time.perf_counter()

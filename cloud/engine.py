@@ -112,14 +112,20 @@ class Engine:
                                  f"{len(seq.token_ids) - seq.num_cached} uncomputed ones for the verdict")
         if not work and not chunks:
             return []
+        batch, logits_rows = self._host_batch(work, chunks)
+        batch, logits_rows = batch.to(self.device, logits_rows)
+        logits = self._forward(batch, self.pool, logits_rows)
+        return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+
+    def _host_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]] = ()
+                    ) -> tuple[StepBatch, torch.Tensor]:
+        """The step's batch, built on the host once its sequences' KV slots are reserved, and the rows of
+        its logits to keep."""
         items = [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work]
         items += [(seq, DraftTree.empty(), n) for seq, n in chunks]
         for seq, tree, chain in items:
             self.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
-        batch, logits_rows = self._build_batch(items, logits_for=len(work))
-        batch, logits_rows = batch.to(self.device, logits_rows)
-        logits = self._forward(batch, self.pool, logits_rows)
-        return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+        return self._build_batch(items, logits_for=len(work))
 
     def _hints(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]) -> list[Hints | None]:
         """The hints of each sequence that asked for them, from its rows where they lie. Off the CPU the
