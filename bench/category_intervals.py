@@ -2,7 +2,10 @@
 can tell? From the runs.jsonl of one or more `specedge bench` runs (same methods, any prompts; a prompt run
 in several of them counts once per run): per category, each method's speed against the baseline (tokens over
 wall time, summed over the category's prompts), the method's ratio to the best of the others there, and a
-bootstrap interval of that ratio over the category's prompts.
+bootstrap interval of that ratio over the category's prompts. The interval covers the choice of prompts
+only, not what differs between runs (the drafters' state carried from earlier prompts, the machine): two
+runs of six prompts per category differed by up to 7% in a category (BENCHMARKS.md section 6), so pool
+several runs before judging one.
 
     python -m specedge.bench.category_intervals RUNS.jsonl [RUNS.jsonl ...] [--method hybrid]
         [--against retrieval,model:smollm2-135m] [--baseline server-ar]
