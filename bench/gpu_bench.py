@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
-from specedge.cloud import attention
 from specedge.cloud.engine import Engine
 from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
@@ -203,20 +202,6 @@ def hint_ops(device: torch.device, dtype: torch.dtype, rows: int, vocab: int, k:
     return {"rows": rows, "vocab": vocab, "k": k, **out}
 
 
-def staging_compare(engine: Engine, modes: list[str], context: int, reps: int, rng: random.Random) -> list[dict]:
-    """`sessions_breakdown` of one-session steps of 1, 8 and 32 tokens and of 16 sessions x 1 and x 9 tokens
-    under each of cloud/attention.py's STAGING modes, the modes interleaved (two rounds)."""
-    rows = []
-    for round_ in range(2):
-        for mode in modes:
-            attention.STAGING = mode
-            for sessions, tree in ((1, 0), (1, 7), (1, 31), (16, 0), (16, 8)):
-                rows.append({"staging": mode, "round": round_,
-                             **sessions_breakdown(engine, sessions, tree, context, reps, rng)})
-    attention.STAGING = modes[0]
-    return rows
-
-
 def first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -224,7 +209,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> dict:
     rng = random.Random(0)
     hf = random_model(name, device, dtype)
-    most = max(args.sessions + args.breakdown_sessions + ([16] if args.staging else []))
+    most = max(args.sessions + args.breakdown_sessions)
     runner_tokens = most * (args.contexts[0] + 3 * args.reps + 64) + 2 * (max(args.contexts) + 512)
     per_token = KVBlockPool.block_bytes(1, hf.config.num_hidden_layers, hf.config.num_key_value_heads,
                                         hf.config.head_dim, dtype)
@@ -232,12 +217,6 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
     result = {"shape": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
               "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1)}
 
-    if args.staging:
-        result["staging"] = staging_compare(engine, args.staging, args.contexts[0], args.reps, rng)
-        for row in result["staging"]:
-            log(f"{name}: staging {row}")
-        if args.staging_only:
-            return result
     prompt = [rng.randrange(3, engine.vocab_size) for _ in range(128)]
     graphs = engine.graphs
     engine_decode(engine, prompt, 8), hf_decode(hf, prompt, 8)  # warm-up (kernels, allocator)
@@ -309,9 +288,6 @@ def main() -> None:
     p.add_argument("--hints", type=int, default=0, help="also measure with this many hint tokens per row")
     p.add_argument("--breakdown-sessions", default="1,16", help="steps of this many sessions are split into "
                    "host, forward and whole-step time")
-    p.add_argument("--staging", default="", help="compare these ways of staging a step's inputs for the device "
-                   "(cloud/attention.py STAGING: pinned,reused,pageable), the first one the default")
-    p.add_argument("--staging-only", action="store_true", help="measure only the staging comparison")
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -321,7 +297,6 @@ def main() -> None:
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.sessions = [int(n) for n in args.sessions.split(",")]
     args.breakdown_sessions = [int(n) for n in args.breakdown_sessions.split(",")]
-    args.staging = [m for m in args.staging.split(",") if m]
     if args.quick:
         global TREE_TOKENS, TREE_PER_SESSION
         TREE_TOKENS, TREE_PER_SESSION = [0, 7], [0, 4]

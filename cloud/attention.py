@@ -94,15 +94,8 @@ class StepBatch:
         return StepBatch(*moved[:3], [], groups), moved[3]
 
 
-# How `to_device` stages a step's inputs for a GPU (BENCHMARKS.md section 9 compares them): "pinned", a fresh
-# pinned buffer from PyTorch's caching host allocator each step; "reused", one pinned buffer per dtype kept
-# and grown; "pageable", ordinary memory (the copy then waits until the driver has taken it).
-STAGING = "pinned"
-_reused: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.cuda.Event]] = {}
-
-
 def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """The tensors on `device` through one staging buffer and one copy per dtype: a step's inputs are a dozen
+    """The tensors on `device` through one pinned buffer and one copy per dtype: a step's inputs are a dozen
     small tensors, and each copy of its own costs tens of microseconds."""
     moved: list[torch.Tensor | None] = [None] * len(tensors)
     by_dtype: dict[torch.dtype, list[int]] = {}
@@ -110,28 +103,12 @@ def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.T
         by_dtype.setdefault(t.dtype, []).append(i)
     for dtype, members in by_dtype.items():
         flat = [tensors[i].reshape(-1) for i in members]
-        staged = _staging(device, dtype, sum(len(f) for f in flat))
+        staged = torch.empty(sum(len(f) for f in flat), dtype=dtype, pin_memory=device.type == "cuda")
         torch.cat(flat, out=staged)
-        parts = staged.to(device, non_blocking=STAGING != "pageable").split([len(f) for f in flat])
-        if STAGING == "reused" and device.type == "cuda":
-            _reused[device, dtype][1].record()  # the buffer is free again once this copy has run
+        parts = staged.to(device, non_blocking=True).split([len(f) for f in flat])
         for i, part in zip(members, parts):
             moved[i] = part.view(tensors[i].shape)
     return moved
-
-
-def _staging(device: torch.device, dtype: torch.dtype, size: int) -> torch.Tensor:
-    if device.type != "cuda" or STAGING == "pageable":
-        return torch.empty(size, dtype=dtype)
-    if STAGING == "pinned":
-        return torch.empty(size, dtype=dtype, pin_memory=True)
-    buffer, copied = _reused.get((device, dtype), (None, None))
-    if buffer is None or len(buffer) < size:
-        buffer, copied = torch.empty(max(size, 4096), dtype=dtype, pin_memory=True), torch.cuda.Event()
-        _reused[device, dtype] = buffer, copied
-    else:
-        copied.synchronize()  # the last step's copy out of it has run (it has: a step ends on its verdicts)
-    return buffer[:size]
 
 
 def paged_attention(

@@ -14,7 +14,6 @@ import random
 import pytest
 import torch
 
-from specedge.cloud import attention
 from specedge.cloud.device import engine_device
 from specedge.cloud.engine import Engine
 from specedge.common.draft_tree import DraftTree
@@ -157,15 +156,3 @@ def test_cuda_without_a_gpu_and_unknown_names_are_refused_with_what_to_use():
         engine_device("tpu")
     with pytest.raises(ValueError, match="--dtype 'fp8': expected one of auto, float32, bfloat16, float16"):
         engine_device("cpu", "fp8")
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")
-@pytest.mark.parametrize("staging", ["pinned", "reused", "pageable"])
-def test_every_way_of_staging_a_steps_inputs_gives_transformers_greedy_output(staging, monkeypatch):
-    monkeypatch.setattr(attention, "STAGING", staging)
-    hf = tiny("llama").to("cuda")
-    prompts = prompts_for(hf.config.vocab_size, seed=3)
-    want = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
-    engine = Engine.from_hf_model(hf, kv_pool_bytes=8 << 20, block_size=4, device="cuda", dtype=torch.float32)
-    assert greedy_decode(engine, prompts, NEW_TOKENS, guide=want) == want
