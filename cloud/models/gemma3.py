@@ -32,10 +32,14 @@ class Gemma3Layer:
     post_mlp_norm: torch.Tensor
 
 
-def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """In float32 whatever x's dtype, as transformers computes it (a no-op cast in fp32)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())).to(x.dtype)
+def gemma_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """In float32 whatever x's dtype, as transformers computes it (a no-op cast in fp32); `scale` is Gemma's
+    1 + weight, in float32 (`norm_scale`). One fused kernel on a GPU (see llama.rms_norm)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), scale, eps).to(x.dtype)
+
+
+def norm_scale(weight: torch.Tensor) -> torch.Tensor:
+    return 1.0 + weight.float()
 
 
 class Gemma3Runner:
@@ -61,7 +65,7 @@ class Gemma3Runner:
         m = hf_model.model
         self.embed = m.embed_tokens.weight
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.embed.dtype, device=self.embed.device)
-        self.norm = m.norm.weight
+        self.norm = norm_scale(m.norm.weight)
         self.lm_head = Linear(hf_model.lm_head.weight)
         self.layers = []
         for i, l in enumerate(m.layers):
@@ -69,16 +73,16 @@ class Gemma3Runner:
             self.layers.append(
                 Gemma3Layer(
                     sliding=cfg.layer_types[i] == "sliding_attention",
-                    attn_norm=l.input_layernorm.weight,
+                    attn_norm=norm_scale(l.input_layernorm.weight),
                     wqkv=Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
-                    q_norm=a.q_norm.weight,
-                    k_norm=a.k_norm.weight,
+                    q_norm=norm_scale(a.q_norm.weight),
+                    k_norm=norm_scale(a.k_norm.weight),
                     wo=Linear(a.o_proj.weight),
-                    post_attn_norm=l.post_attention_layernorm.weight,
-                    pre_mlp_norm=l.pre_feedforward_layernorm.weight,
+                    post_attn_norm=norm_scale(l.post_attention_layernorm.weight),
+                    pre_mlp_norm=norm_scale(l.pre_feedforward_layernorm.weight),
                     w_gate_up=Linear(torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])),
                     w_down=Linear(l.mlp.down_proj.weight),
-                    post_mlp_norm=l.post_feedforward_layernorm.weight,
+                    post_mlp_norm=norm_scale(l.post_feedforward_layernorm.weight),
                 )
             )
 
