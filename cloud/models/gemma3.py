@@ -20,7 +20,7 @@ from specedge.cloud.linear import Linear
 @dataclass
 class Gemma3Layer:
     sliding: bool  # attends to a window of recent tokens (else to all)
-    attn_norm: torch.Tensor
+    attn_norm: torch.Tensor  # each norm holds its 1 + weight in float32 (norm_scale)
     wqkv: Linear  # q, k and v projections fused
     q_norm: torch.Tensor
     k_norm: torch.Tensor
