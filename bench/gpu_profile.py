@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from specedge.bench.gpu_bench import SHAPES, log, open_sessions, random_model, random_tree, sync
+from specedge.bench.gpu_bench import log, open_sessions, random_model, random_tree, sync
 from specedge.cloud.engine import Engine
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.common.draft_tree import DraftTree
