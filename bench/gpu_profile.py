@@ -78,7 +78,8 @@ def main() -> None:
         rng = random.Random(0)
         (seq,) = open_sessions(engine, 1, args.context, rng)
         one, one_shapes = kernel_ms(engine, lambda: [(seq, DraftTree.empty())], args.reps)
-        tree, tree_shapes = kernel_ms(engine, lambda: [(seq, random_tree(args.tokens - 1, engine.vocab_size, rng))], args.reps)
+        vocab = engine.vocab_size
+        tree, tree_shapes = kernel_ms(engine, lambda: [(seq, random_tree(args.tokens - 1, vocab, rng))], args.reps)
         rows = sorted(({"kernel": k, "one_ms": one.get(k, 0.0), "tree_ms": tree.get(k, 0.0),
                        "shapes": [one_shapes.get(k), tree_shapes.get(k)]} for k in one | tree),
                       key=lambda r: r["tree_ms"] - r["one_ms"], reverse=True)
