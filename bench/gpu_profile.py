@@ -31,7 +31,8 @@ def kernel_ms(engine: Engine, work_of, reps: int) -> tuple[dict[str, float], dic
         engine.forward(work_of())
     sync(engine.device)
     on_gpu = engine.device.type == "cuda"
-    with profile(record_shapes=True, activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(record_shapes=True, activities=activities) as prof:
         for _ in range(reps):
             engine.forward(work_of())
         sync(engine.device)
@@ -86,7 +87,8 @@ def main() -> None:
         total_one, total_tree = sum(one.values()), sum(tree.values())
         log(f"{name}: device time per pass, 1 token {total_one:.3f} ms, {args.tokens} tokens {total_tree:.3f} ms")
         for r in rows[: args.top]:
-            log(f"  {r['tree_ms'] - r['one_ms']:+7.3f}  {r['one_ms']:7.3f} -> {r['tree_ms']:7.3f}  {r['kernel']}  {r['shapes'][1]}")
+            log(f"  {r['tree_ms'] - r['one_ms']:+7.3f}  {r['one_ms']:7.3f} -> {r['tree_ms']:7.3f}  {r['kernel']}  "
+                f"{r['shapes'][1]}")
         results.append({"shape": name, "tokens": args.tokens, "context": args.context, "one_ms": total_one,
                         "tree_ms": total_tree, "kernels": rows})
         del engine, hf
