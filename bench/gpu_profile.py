@@ -25,8 +25,9 @@ from specedge.common.draft_tree import DraftTree
 
 
 def kernel_ms(engine: Engine, work_of, reps: int) -> tuple[dict[str, float], dict[str, str]]:
-    """Device ms per pass of each kernel, named with the operators that launched it and their first inputs'
-    shapes (on the CPU: each top-level operator's time), summed over its calls in one pass."""
+    """Device ms per pass of each kernel, keyed by the kernel and the operators that launched it (on the CPU:
+    each top-level operator's time), summed over its calls in one pass; and the launching operator's first
+    inputs' shapes by the same key."""
     for _ in range(3):
         engine.forward(work_of())
     sync(engine.device)
