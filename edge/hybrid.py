@@ -8,23 +8,26 @@ any prefix of the merged tree holds a prefix of each source's draft, and each so
 verdict on the nodes of its own that were sent.
 
 The model costs tens of ms per round on an edge CPU; retrieval costs well under one. Where retrieval's draft
-is confident the model rarely adds a token, so each round the hybrid asks whether the model pays. Per bucket
-of retrieval's expected accepted tokens E (each twice: rounds after one the model led, its tokens taken to the
-end of the tree, keep figures of their own) it measures G, the tokens the verifier accepted beyond retrieval's
-own nodes when the model drafted (a mean over the last few such rounds, those in which the controller sent
-none of the model's nodes included: an unsure model's drafting buys nothing), and the round's time from
+is confident the model rarely adds a token, so each round the hybrid asks whether the model pays. It measures
+G, the tokens the verifier accepted beyond retrieval's own nodes when the model drafted (rounds in which the
+controller sent none of the model's nodes included: an unsure model's drafting buys nothing), per bucket of
+retrieval's expected accepted tokens E (each twice: rounds after one the model led, its tokens taken to the
+end of the tree, keep figures of their own) as a level times a shape: the level follows the text (a mean over
+the last few rounds the model drafted in, whatever their bucket, each round's G divided by its bucket's
+shape), the shape keeps what differs between buckets (a bucket's G against the level at the time, over many of
+its rounds; 1 for a fresh bucket). So when the text changes, as between one kind of prompt and the next, a few
+rounds in any bucket move every bucket's G, not a few rounds in each. It measures too the round's time from
 sending the tree to the verdict, with the model drafting (R_m: its nodes make the pass longer, its speculation
 may outlast the pass) and without (R); D is the model's drafting time and B what it has to read first
 (committed tokens it did not read during the pass: a verdict's tokens beyond those it read ahead). The model
 pays when (1 + E + G) / (R_m + D + B) beats (1 + E) / R. A fresh hybrid measures first (MEASURE_ROUNDS rounds
 with the model, one without), then each bucket drafts with the model once where it can at no more than its
 usual cost (G differs most between buckets; a model far behind measures a bucket from the exploring budget
-below); until a bucket has more figures of its own it takes all buckets' (its G starts from their mean, worth
-PRIOR_ROUNDS of its own rounds). Where the model does not pay, a round with it loses
-R_m + D + B - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model have set
-that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded cost:
-often where the model nearly pays, rarely where it is far from it (as where retrieval commits many tokens per
-pass).
+below); until a bucket has times of its own it takes all buckets'. Where the model does not pay, a round with
+it loses R_m + D + B - R (1 + E + G) / (1 + E) ms; the bucket still runs one once its rounds without the model
+have set that much aside at EXPLORE_SHARE of their time, so G stays measured and follows the text at a bounded
+cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
+tokens per pass).
 
 During the verifier's pass the model reads what the verdict most likely commits (the merged tree's path as
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
@@ -75,11 +78,13 @@ class _Merged:
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
 BUCKETS = len(EXPECTED_EDGES) + 1
-EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
+EXPLORE_SHARE = 0.01  # of the time in a bucket where the model does not pay, spent measuring it there
 MEASURE_ROUNDS = 4  # a fresh hybrid's rounds with the model before it decides (one alone once shut it off)
-PRIOR_ROUNDS = 1.0  # weight of all buckets' mean G in a bucket's estimate, in rounds of its own
+PRIOR_ROUNDS = 1.0  # weight of a fresh bucket's shape (1: G is the level), in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
-FORGET = 0.8  # per measured round: G is a mean over roughly the last 1 / (1 - FORGET) of them
+FORGET = 0.8  # per measured round: the level is a mean over roughly the last 1 / (1 - FORGET) of them
+FORGET_SHAPE = 0.95  # per round measured in a bucket: its shape, a ratio over roughly the last 20 of them
+SHAPE_FLOOR = 0.2  # where a bucket's shape is smaller, one round's G there counts as G / SHAPE_FLOOR of level
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
@@ -99,7 +104,8 @@ class HybridDrafter:
         rows = 2 * BUCKETS + 1
         self.split_after_led = True  # False: the model's lead does not count (for comparison)
         self._led = False  # the last round's verdict ran out along the model's own nodes (see observe)
-        self._gain = np.zeros((rows, 2))  # decayed sums of G and of the rounds measuring it
+        self._level: float | None = None  # the model's G lately, in a bucket of shape 1
+        self._shape = np.zeros((rows, 3))  # per bucket: decayed sums of G, of the level then, and of the rounds
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
         # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
         self._last_quiet: tuple[int, bool, float] | None = None
@@ -138,18 +144,16 @@ class HybridDrafter:
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
             return READ, False  # a round without the model, which times R
-        # A bucket's own figures where it has them, all buckets' until then: G starts from the mean of all
-        # buckets', worth PRIOR_ROUNDS of its own. The model's nodes and speculation can only delay the
-        # verdict: a round that took less time with them committed fewer tokens (a pass's time grows with
-        # what it commits), which says nothing of them.
+        # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
+        # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
+        # time grows with what it commits), which says nothing of them.
         without, with_model = self._round_ms[b]
         if np.isnan(without):
             without = self._round_ms[ALL, 0]
         if np.isnan(with_model):
             with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
         with_model = max(with_model, without)
-        mean_gain = self._gain[ALL, 0] / self._gain[ALL, 1]
-        gain = (self._gain[b, 0] + PRIOR_ROUNDS * mean_gain) / (self._gain[b, 1] + PRIOR_ROUNDS)
+        gain = self._gain_in(b)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
@@ -159,7 +163,7 @@ class HybridDrafter:
         pays = loss + (self.sources[1].token_ms or 0.0) < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
-        if not self._gain[b, 1] and behind_ms <= self.model_ms:
+        if not self._shape[b, 2] and behind_ms <= self.model_ms:
             return DRAFT, pays  # G differs most between buckets: each measures it once where that is cheap
         if pays:  # it reads during this pass, and drafts in the next round
             return READ, pays
@@ -170,12 +174,33 @@ class HybridDrafter:
         if self._explore_ms[b] >= loss + behind_ms:
             self._explore_ms[b] -= loss + behind_ms
             return DRAFT, pays
+        # Reading now is worth it once the budget pays for the draft after it too, which still has the verdict's
+        # bonus token to read: sooner, the model would read beside pass after pass, each time one forward short.
         slowed = self._slowed_by_reading()
         reading = slowed * behind_ms if slowed else 0.0  # (behind_ms is infinite while it reads a backlog)
-        if self._explore_ms[b] >= loss + reading:
+        if self._explore_ms[b] >= loss + (self.sources[1].token_ms or 0.0) + reading:
             self._explore_ms[b] -= reading
             return READ, pays
         return REST, pays
+
+    def _gain_in(self, b: int) -> float:
+        """G expected in bucket `b`: the model's level lately times the bucket's shape."""
+        return (self._level or 0.0) * self._shape_of(b)
+
+    def _shape_of(self, b: int) -> float:
+        """What the model adds in bucket `b` for each token of its level: the ratio of the bucket's G to the
+        level at the time over its rounds, starting from 1 (worth PRIOR_ROUNDS of them)."""
+        gains, levels, _ = self._shape[b]
+        prior = PRIOR_ROUNDS * (self._level or 0.0)
+        return (gains + prior) / (levels + prior) if levels + prior > 0 else 1.0
+
+    def _learn_gain(self, b: int, gain: int) -> None:
+        """A round the model drafted in, in bucket `b`, added `gain` tokens: it moves the level by what it
+        says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
+        level = float(gain) if self._level is None else self._level
+        shape = self._shape_of(b)
+        self._shape[b] = FORGET_SHAPE * self._shape[b] + (gain, level, 1.0)
+        self._level = FORGET * level + (1 - FORGET) * gain / max(shape, SHAPE_FLOOR)
 
     def _slowed_by_reading(self) -> float:
         """By what share the verifier's pass is slower while the model reads beside it: ~0.15 on two cores of
@@ -284,8 +309,7 @@ class HybridDrafter:
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
             gain = len(accepted_merged) - by_retrieval
-            for row in (b, ALL):
-                self._gain[row] = FORGET * self._gain[row] + (gain, 1)
+            self._learn_gain(b, gain)
             # The model led: it added tokens and the verdict ended where the tree did, not at a rejection.
             # Retrieval's estimate says little of what the model adds after such a round (a repeated
             # structure: the model drafts a dozen tokens, all accepted, and retrieval's long match that
