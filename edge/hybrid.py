@@ -78,7 +78,7 @@ class _Merged:
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
 BUCKETS = len(EXPECTED_EDGES) + 1
-EXPLORE_SHARE = 0.01  # of the time in a bucket where the model does not pay, spent measuring it there
+EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
 MEASURE_ROUNDS = 4  # a fresh hybrid's rounds with the model before it decides (one alone once shut it off)
 PRIOR_ROUNDS = 1.0  # weight of a fresh bucket's shape (1: G is the level), in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
