@@ -302,7 +302,7 @@ def test_when_the_text_changes_a_few_rounds_in_any_bucket_tell_every_bucket(monk
     verifier takes the model's 13-14 beyond retrieval's 10 (G = 2: the model pays in each bucket), then only
     retrieval's 10-11-12 (G = 0). The model's level falls with every round it drafts in, whatever the bucket,
     so it stops within a few rounds (2 x 0.8 ** k, times each bucket's shape of ~1, falls below what pays);
-    with a G of each bucket's own, each bucket needed rounds of its own to learn the news (9 in all)."""
+    with a G of each bucket's own, each bucket needed rounds of its own to learn the news (10 in all)."""
     monkeypatch.setattr(hybrid_module, "time", clock := Clock())
     less_sure = DraftTree(RETRIEVAL.tokens, RETRIEVAL.parents, accept_probs=[0.6, 0.5, 0.3, 0.1])
     unsure = DraftTree(RETRIEVAL.tokens, RETRIEVAL.parents, accept_probs=[0.1, 0.1, 0.05, 0.05])
