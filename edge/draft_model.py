@@ -1,9 +1,7 @@
 """A small language model on the edge: a GGUF file run by llama.cpp (`llama-cpp-python`, the `[model]`
 extra), through its C API. It keeps one sequence in its KV cache: `logits(tokens)` makes the cache hold
 exactly `tokens` (keeping the longest common prefix with what it held, dropping the rest: the rollback
-after a verdict) and returns the next-token logits. From `record_from` on, it also keeps what it predicted
-after each position it reads (its TOP most likely next tokens): how a draft from there would have gone,
-without drafting (the hybrid's counterfactual, edge/model_drafter.py).
+after a verdict) and returns the next-token logits.
 
 Why llama.cpp: quantised weights (a 135M model is ~90 MB in Q4), a few ms per token on one core, no
 torch; the README's "Edge drafting models" section has the measurements behind the choice.
@@ -19,7 +17,6 @@ from pathlib import Path
 import numpy as np
 
 BATCH = 128  # tokens per llama_decode call when feeding a prompt (512 is no faster on one core)
-TOP = 3  # next tokens kept per position where predictions are recorded
 
 
 def llama_cpp_module():
@@ -58,11 +55,6 @@ class DraftModel:
         self.vocab_size: int = llama.llama_vocab_n_tokens(self._vocab)
         self.tokens: list[int] = []  # what the KV cache holds
         self._logits: np.ndarray | None = None  # next-token logits after self.tokens
-        # Positions from which predictions are kept (None: none; each costs the output layer, ~20% of a forward)
-        self.record_from: int | None = None
-        self._top = np.zeros((context, TOP), dtype=np.int64)  # row k: the most likely tokens after tokens[:k + 1]
-        self._top_probs = np.zeros((context, TOP), dtype=np.float64)  # ... and their probabilities
-        self._recorded = np.zeros(context, dtype=bool)
 
     # --- vocabulary -------------------------------------------------------------------------------------
     def token_bytes(self) -> list[bytes | None]:
@@ -114,13 +106,6 @@ class DraftModel:
         return self._l.llama_vocab_get_text(self._vocab, token).decode("utf-8", "replace")
 
     # --- running --------------------------------------------------------------------------------------
-    def predicted(self, position: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """The TOP most likely tokens after tokens[:position + 1] and their probabilities, best first, if
-        recorded (the position was read at or after `record_from` and is still in the cache)."""
-        if not 0 <= position < len(self.tokens) or not self._recorded[position]:
-            return None
-        return self._top[position], self._top_probs[position]
-
     def logits(self, tokens: list[int]) -> np.ndarray:
         """Next-token logits (float32, [vocab]) after exactly `tokens`; the cache ends up holding them."""
         self.prefill(tokens)
@@ -145,7 +130,6 @@ class DraftModel:
         if keep < len(self.tokens):
             self._l.llama_memory_seq_rm(self._memory, 0, keep, -1)
             del self.tokens[keep:]
-            self._recorded[keep:] = False
         self._logits = None
         for start in range(keep, len(tokens), batch):
             if start > keep and stop():
@@ -156,25 +140,16 @@ class DraftModel:
     def _decode(self, chunk: list[int], position: int, last: bool) -> None:
         batch = self._batch
         batch.n_tokens = len(chunk)
-        record = range(0) if self.record_from is None else range(max(0, self.record_from - position), len(chunk))
         for i, token in enumerate(chunk):
             batch.token[i] = token
             batch.pos[i] = position + i
             batch.n_seq_id[i] = 1
             batch.seq_id[i][0] = 0
-            batch.logits[i] = (last and i == len(chunk) - 1) or i in record
+            batch.logits[i] = last and i == len(chunk) - 1
         code = self._l.llama_decode(self._ctx, batch)
         if code != 0:
             self._l.llama_memory_seq_rm(self._memory, 0, len(self.tokens), -1)
             raise RuntimeError(f"llama_decode failed (code {code}) at position {position}")
-        for i in record:
-            row = np.ctypeslib.as_array(self._l.llama_get_logits_ith(self._ctx, i), shape=(self.vocab_size,))
-            top = np.argpartition(-row, TOP)[:TOP]
-            top = top[np.argsort(-row[top])]
-            peak = row[top[0]]
-            self._top[position + i] = top
-            self._top_probs[position + i] = np.exp(row[top] - peak) / np.exp(row - peak).sum()
-            self._recorded[position + i] = True
         self.tokens.extend(chunk)
         if last:
             row = self._l.llama_get_logits_ith(self._ctx, -1)

@@ -29,14 +29,6 @@ have set that much aside at EXPLORE_SHARE of their time, so G stays measured and
 cost: often where the model nearly pays, rarely where it is far from it (as where retrieval commits many
 tokens per pass).
 
-What the model reads tells G too, in greedy generations: its predictions where it read a round's text say
-how far the greedy draft it would have made there spells what was committed (ModelDrafter.counterfactual),
-so a round it reads in measures G as a round it drafts in does, for the cost of the reading alone. A told
-G is scaled by how G compares with the told figure in rounds it drafted in (the controller may send only
-part of a draft). There the exploring budget pays for reading instead of for drafting rounds: what reading
-a rest's backlog costs, and what reading slows the passes by (nothing where edge and verifier are apart,
-so a model that does not pay reads during every pass).
-
 During the verifier's pass the model reads what the verdict most likely commits (the merged tree's path as
 far as it is more likely accepted than not: retrieval's runs to tens of tokens where it is confident), so
 that the next round with the model does not begin by reading it; a drafting model speculates beyond it.
@@ -63,7 +55,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -99,7 +90,6 @@ SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared 
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
 FORGET_PAIRS = 0.95  # per pair of rounds measuring that slowdown (each pair is noisy: a mean over many)
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
-PENDING = 256  # most rounds waiting for the model to read far enough to tell what it would have added
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
 
@@ -127,13 +117,6 @@ class HybridDrafter:
         self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
         self._model_rounds = 0  # rounds the model drafted in
-        # Rounds whose G reading will tell (see _learn_from_reading): (tokens committed before the round in
-        # its generation, those retrieval's nodes committed, bucket, retrieval's expected tokens, G if drafted)
-        self._pending: deque[tuple[int, int, int, float, int | None]] = deque(maxlen=PENDING)
-        self._committed = 0  # tokens committed in this generation
-        self._expected = 0.0  # this round's E
-        self._told = np.zeros(2)  # decayed sums over rounds the model drafted in: G, and G as reading told it
-        model.record_predictions = True
 
     @property
     def hints_top_k(self) -> int:
@@ -185,15 +168,6 @@ class HybridDrafter:
         if pays:  # it reads during this pass, and drafts in the next round
             return READ, pays
         self._explore_ms[b] += EXPLORE_SHARE * without
-        slowed = self._slowed_by_reading()
-        reading = slowed * behind_ms if slowed else 0.0  # (behind_ms is infinite while it reads a backlog)
-        if self.sources[1].counterfactuals:
-            # Reading tells G in every round the model reads (_learn_from_reading), for what reading costs:
-            # far less than a round of drafting where the model does not pay.
-            if self._explore_ms[b] >= reading:
-                self._explore_ms[b] -= reading
-                return READ, pays
-            return REST, pays
         # G stays measured, at no more than EXPLORE_SHARE of the time, what the exploring round has to read
         # first included: before drafting (on the round's time), or during the passes before it, which
         # costs what reading slows them by (nothing on separate machines; see _slowed_by_reading).
@@ -202,31 +176,12 @@ class HybridDrafter:
             return DRAFT, pays
         # Reading now is worth it once the budget pays for the draft after it too, which still has the verdict's
         # bonus token to read: sooner, the model would read beside pass after pass, each time one forward short.
+        slowed = self._slowed_by_reading()
+        reading = slowed * behind_ms if slowed else 0.0  # (behind_ms is infinite while it reads a backlog)
         if self._explore_ms[b] >= loss + (self.sources[1].token_ms or 0.0) + reading:
             self._explore_ms[b] -= reading
             return READ, pays
         return REST, pays
-
-    def _learn_from_reading(self) -> None:
-        """Learn G from rounds the model did not draft in, as what it predicted where it read their text tells
-        it (ModelDrafter.counterfactual: how far its greedy draft would have spelled the committed text),
-        scaled by how G compares with that told figure in rounds it drafted in (the controller may not send
-        all of a draft; the merged tree's order is not the model's own)."""
-        model = self.sources[1]
-        while self._pending and model.counterfactuals:
-            first, by_retrieval, b, expected, gain = self._pending[0]
-            accepted = model.counterfactual(first, expected)
-            if accepted is None:
-                return
-            self._pending.popleft()
-            if accepted < 0:
-                continue
-            told = max(0, accepted - by_retrieval)
-            if gain is None:
-                drafted, said = self._told
-                self._learn_gain(b, told * (drafted + 1.0) / (said + 1.0))
-            else:
-                self._told = FORGET_SHAPE * self._told + (gain, told)
 
     def _gain_in(self, b: int) -> float:
         """G expected in bucket `b`: the model's level lately times the bucket's shape."""
@@ -239,7 +194,7 @@ class HybridDrafter:
         prior = PRIOR_ROUNDS * (self._level or 0.0)
         return (gains + prior) / (levels + prior) if levels + prior > 0 else 1.0
 
-    def _learn_gain(self, b: int, gain: float) -> None:
+    def _learn_gain(self, b: int, gain: int) -> None:
         """A round the model drafted in, in bucket `b`, added `gain` tokens: it moves the level by what it
         says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
         level = float(gain) if self._level is None else self._level
@@ -273,8 +228,6 @@ class HybridDrafter:
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round, self._last_quiet, self._led = True, None, False
-        self._pending.clear()
-        self._committed = 0
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
         # Once measured, a model reads the prompt only from the first round it drafts or reads in.
@@ -284,7 +237,7 @@ class HybridDrafter:
         retrieval, model = self.sources
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
-        expected = self._expected = sum(retrieved.accept_probs or ())
+        expected = sum(retrieved.accept_probs or ())
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
         self._mode = self._model_round(expected, behind_ms)
         self._model_read = self._mode != REST or model.reading  # speculate() may start it reading
@@ -351,13 +304,11 @@ class HybridDrafter:
         accepted_merged = result.accepted
         # The model's round once it drafted, its nodes sent or not (the drafting time was spent either way)
         b, drafted = self._bucket, len(self._drafts[1]) > 0
-        by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
-                            len(accepted_merged))
-        gain = len(accepted_merged) - by_retrieval
-        self._pending.append((self._committed, by_retrieval, b, self._expected, gain if drafted else None))
-        self._committed += len(result.tokens)
         if drafted:  # what did the model's nodes add?
             self._model_rounds += 1
+            by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
+                                len(accepted_merged))
+            gain = len(accepted_merged) - by_retrieval
             self._learn_gain(b, gain)
             # The model led: it added tokens and the verdict ended where the tree did, not at a rejection.
             # Retrieval's estimate says little of what the model adds after such a round (a repeated
@@ -387,7 +338,6 @@ class HybridDrafter:
                 accepted.append(mine[k])
             source.observe(draft.prefix(n), StepResult(result.tokens, accepted, result.compute_ms, result.queue_ms,
                                                        result.rtt_ms, result.next_max_tree_tokens))
-        self._learn_from_reading()
 
     def end(self) -> None:
         for source in self.sources:

@@ -18,16 +18,11 @@ being verified, `speculate` computes the logits the next round most likely needs
 verdicts and bonus tokens): when the verdict is one of them, the next round's first levels cost nothing.
 Logits are kept by the exact token sequence they follow, so a reused one is the one a fresh forward would
 give, and what is drafted from it, sampled drafts included, is unchanged.
-
-With `record_predictions`, the model keeps its most likely next tokens at every committed position it reads,
-and `counterfactual` tells from them how many tokens a greedy draft would have had accepted in a round it
-did not draft in: the hybrid's measure of what the model adds, for the cost of reading.
 """
 
 from __future__ import annotations
 
 import atexit
-import bisect
 import heapq
 import os
 import threading
@@ -56,7 +51,6 @@ ALTERNATIVE_PENALTY = 0.5  # a second tokenisation of the same drafted text is t
 CATCH_UP_BATCH = 4  # most tokens per forward while catching up in the verifier's time (stoppable between them)
 SPECULATION_STEPS = 16  # most forwards while a tree is verified (a verdict stops it sooner)
 SPECULATION_BRANCH = 2  # continuations of each speculated sequence worth computing next
-RECORD_BEHIND = 4  # predictions are recorded from this many drafter tokens before a generation's first round
 
 
 @dataclass
@@ -88,10 +82,6 @@ class ModelDrafter:
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()  # the current reader's own (a stopped one may still be ending)
         self._read_error: BaseException | None = None
-        self.record_predictions = False  # keep what the model predicts where it reads (see counterfactual)
-        self._units_at_begin = 0  # committed text before this generation, in the bridge's units
-        self._targets: list[int] = []  # the target tokens committed in this generation
-        self._target_ends: list[int] = []  # ... and where each ends (units)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None, read: bool = True) -> None:
         """`read`: start reading the prompt now; otherwise the first round that drafts or speculates starts
@@ -102,8 +92,6 @@ class ModelDrafter:
         self._stop_reader(wait=False)
         self.params = params or SamplingParams()
         self.context = self.bridge.begin(prompt_ids)
-        self._units_at_begin, self._targets, self._target_ends = self._units(), [], []
-        self.model.record_from = max(0, len(self.context) - RECORD_BEHIND) if self.record_predictions else None
         self.calibration.generation.begin()
         self._logits.clear()
         self._prefilled = False
@@ -189,11 +177,6 @@ class ModelDrafter:
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
         self.context = self.bridge.commit(result.tokens)
-        at = self._target_ends[-1] if self._target_ends else self._units_at_begin
-        for token in result.tokens:
-            at += len(self.bridge.target_bytes[token] or b"") if self.bridge.cross else 1
-            self._target_ends.append(at)
-        self._targets.extend(result.tokens)
         known = tuple(self.context)
         self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
@@ -219,7 +202,12 @@ class ModelDrafter:
         sequence = self.context if sequence is None else sequence
         if tuple(sequence) in self._logits:
             return 0
-        return len(sequence) - _common_prefix(self.model.tokens, sequence)
+        held = 0
+        for a, b in zip(self.model.tokens, sequence):
+            if a != b:
+                break
+            held += 1
+        return len(sequence) - held
 
     def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = ()) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
@@ -267,76 +255,17 @@ class ModelDrafter:
                 if likelihood >= MIN_PATH and not self.model.is_end(token):
                     heapq.heappush(frontier, (-likelihood, sequence + (token,)))
 
-    # --- what a draft would have done ------------------------------------------------------------------
-    @property
-    def counterfactuals(self) -> bool:
-        """Whether `counterfactual` can tell: a greedy generation, predictions recorded."""
-        return self.record_predictions and self.params.greedy
-
-    def counterfactual(self, first: int, alongside: float = 0.0) -> int | None:
-        """How many target tokens a draft of this model would have had accepted in a round that began after
-        the first `first` tokens committed in this generation, told from what the model predicted where it
-        read the committed text: its greedy chain from there, as _greedy or _slem would have drafted it
-        (as deep as their rule goes; `alongside` as propose's), against the tokens committed after it (same
-        vocabulary: a runner-up sibling leaf too; across: the chain's text in the target's tokenisations).
-        -1 where it cannot be told (the round began inside a drafter token); None where not yet (the model
-        has not read that far, or the chain still matches where the committed text ends)."""
-        if not self.counterfactuals or self.reading:
-            return None
-        start = self._units_at_begin if first == 0 else self._target_ends[first - 1]
-        position = self._position_ending_at(start)
-        if position is None:
-            return -1
-        held = _common_prefix(self.model.tokens, self.context)
-        chain: list[int] = []  # as drafted
-        path, expected, runner_up = 1.0, 1.0, False
-        while len(chain) < self.max_depth:
-            at = position + len(chain)
-            predicted = self.model.predicted(at) if at < held else None
-            if predicted is None or at + 1 >= len(self.context):
-                return None
-            top, probs = predicted
-            chain.append(int(top[0]))
-            following = self.context[at + 1]
-            if chain[-1] != following:
-                runner_up = any(top[i] == following and probs[i] >= SIBLING_MIN
-                                for i in range(1, min(self.branch, len(top))))
-                break
-            path *= float(self.calibration.probs(probs[0]))
-            expected += path
-            if self.model.is_end(following) or not self._worth_deeper(path, expected, len(chain), alongside=alongside):
-                break
-        committed = self._targets[first:]
-        if not self.bridge.cross:
-            return _common_prefix(chain, committed) + runner_up
-        drafted = b"".join(self.bridge.drafter_bytes[t] or b"" for t in chain)
-        return max((_common_prefix(d.ids, committed) for d in self.bridge.target_drafts(drafted, after=start)),
-                   default=0)
-
-    def _units(self) -> int:
-        """The committed text's length in the bridge's units: bytes across vocabularies, else tokens."""
-        return len(self.bridge.committed) if self.bridge.cross else len(self.context)
-
-    def _position_ending_at(self, units: int) -> int | None:
-        """The context's last token that ends exactly `units` into the committed text, if any."""
-        if not self.bridge.cross:
-            return units - 1 if 0 < units <= len(self.context) else None
-        position = bisect.bisect_right(self.bridge.ends, units) - 1
-        return position if position >= 0 and self.bridge.ends[position] == units else None
-
     # --- drafting -----------------------------------------------------------------------------------
-    def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False,
-                      alongside: float | None = None) -> bool:
+    def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
         """Is one more drafted token worth its time? It adds about `path` expected tokens to a round that
-        commits `expected` (the bonus included; plus `alongside`, what other drafters' nodes commit: this
-        round's by default) in round_ms + drafted * token_ms; drafting it pays when path / token_ms beats
-        the round's rate. `free`: its logits are known already (speculated)."""
+        commits `expected` (the bonus included; plus what other drafters' nodes commit) in round_ms + drafted
+        * token_ms; drafting it pays when path / token_ms beats the round's rate. `free`: its logits are
+        known already (speculated)."""
         if path < MIN_PATH:
             return False
         token_ms = 0.0 if free else (self.token_ms or 0.0)
         round_ms = ROUND_MS_PRIOR if self.round_ms is None else self.round_ms
-        alongside = self._alongside if alongside is None else alongside
-        return path * (round_ms + drafted * token_ms) > (expected + alongside) * token_ms
+        return path * (round_ms + drafted * token_ms) > (expected + self._alongside) * token_ms
 
     def _next_logits(self, sequence: list[int]) -> np.ndarray:
         """The drafter's logits after `sequence` (drafter ids), computed once per sequence."""
@@ -500,19 +429,6 @@ def _stop_readers_at_exit() -> None:
     llama.cpp would otherwise come back to a finalised interpreter."""
     for drafter in list(_READING):
         drafter._stop_reader()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of the longest common prefix (by bisection on slice comparisons, which run in C: the
-    sequences are a context thousands of tokens long that most often differ near the end, if at all)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _most_likely(p: np.ndarray, k: int) -> list[int]:

@@ -182,17 +182,15 @@ class CrossVocab:
         return complete_utf8(self.committed) != self.committed
 
     # --- SLEM -------------------------------------------------------------------------------------------
-    def target_drafts(self, drafted: bytes, after: int | None = None) -> list[TargetDraft]:
-        """The target's tokenisations of drafted text (whole characters only) after the committed text (or
-        its first `after` bytes): standalone first, then in the context of the committed tail when that
-        differs."""
+    def target_drafts(self, drafted: bytes) -> list[TargetDraft]:
+        """The target's tokenisations of drafted text (whole characters only) after the committed text:
+        standalone first, then in the context of the committed tail when that differs."""
         drafted = complete_utf8(drafted)
         if not drafted:
             return []
         text = drafted.decode("utf-8")
         out = [self._encode(text, "")]
-        committed = self.committed[:after] if after is not None else self.committed
-        tail = complete_utf8(committed[-4 * LOOKBEHIND_CHARS :]).decode("utf-8", "ignore")[-LOOKBEHIND_CHARS:]
+        tail = complete_utf8(self.committed[-4 * LOOKBEHIND_CHARS :]).decode("utf-8", "ignore")[-LOOKBEHIND_CHARS:]
         if tail:
             in_context = self._encode(text, tail)
             if in_context is not None and in_context.ids and in_context.ids != out[0].ids:

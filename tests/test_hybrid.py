@@ -22,7 +22,6 @@ class Scripted:
     round_ms = 100.0  # what a model drafter measures: a round's time besides drafting
     token_ms: float | None = None  # ... and one forward (not measured here)
     reading = False  # in the background
-    counterfactuals = False  # reading tells it nothing of what a draft would have added
 
     def __init__(self, tree: DraftTree) -> None:
         self.tree = tree
@@ -473,70 +472,3 @@ def test_rounds_after_the_model_led_keep_figures_of_their_own(monkeypatch, split
         assert all(after_none) and sum(after_lead) <= len(after_lead) / 4
     else:
         assert sum(after_none) < len(after_none) / 2
-
-
-class TellingModel(TimedModel):
-    """A timed model whose reading tells what its draft would have had accepted in a round it did not draft
-    in (ModelDrafter.counterfactual): `would_accept` tokens, told once it has read the round's text and
-    REACH tokens beyond (its chain's reach)."""
-
-    counterfactuals = True
-
-    def __init__(self, tree: DraftTree, clock: Clock, ms: float = 50.0) -> None:
-        super().__init__(tree, clock, ms)
-        self.would_accept = 0
-        self.committed, self.read = 0, 0
-        self.told: dict[int, int] = {}  # round's first token -> what reading will tell of it
-
-    def propose(self, alongside: float = 0.0) -> DraftTree:
-        self.read = self.committed
-        return super().propose(alongside)
-
-    def speculate(self, stop, steps: int, then=()) -> None:
-        self.read = self.committed
-        super().speculate(stop, steps, then)
-
-    def observe(self, tree: DraftTree, result: StepResult) -> None:
-        self.told[self.committed] = self.would_accept
-        self.committed += len(result.tokens)
-        super().observe(tree, result)
-
-    def counterfactual(self, first: int, alongside: float = 0.0) -> int | None:
-        return self.told[first] if first + REACH <= self.read else None
-
-
-REACH = 4
-
-
-def test_reading_tells_where_the_model_pays_without_drafting(monkeypatch):
-    """Retrieval is confident and right (10-11-12): after measuring, the model does not pay. Where reading
-    tells what its draft would have added, it reads during every pass (free: edge and verifier apart) instead
-    of drafting to explore. When the text changes and the verifier takes the model's 13-14-15 (retrieval's
-    10, then the bonus 13: the model's draft would have had four accepted, three more), reading tells it
-    two rounds later (its chain reaches past the round's own tokens), and the model drafts from the round
-    after, every round. A model whose reading tells nothing learns it only from an exploring draft, which
-    the budget pays for about every 17 rounds (50 ms a round at EXPLORE_SHARE of 100)."""
-    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TellingModel(MODEL_ADDS, clock)
-    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1])
-    model.would_accept = 3
-    before = model_rounds(hybrid, model, 60, take=(10, 11, 12))
-    assert before[MEASURED:] == ["read"] * (60 - MEASURED)
-    model.would_accept = 4
-    after = model_rounds(hybrid, model, 12, take=(10, 13, 14, 15))
-    assert after == ["read"] * 3 + ["draft"] * 9
-
-
-def test_what_reading_tells_is_scaled_by_what_drafts_got(monkeypatch):
-    """Reading tells that the model's draft would have added three tokens a round, but the controller sends
-    none of its nodes (its one node is estimated at 0.05), so the rounds it drafts in add nothing. What
-    reading tells is scaled by G against the told figure in the rounds the model drafted in: after a few
-    such rounds it no longer drafts. Taken as it is told, it would draft every round."""
-    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TellingModel(DraftTree([30], [-1], accept_probs=[0.05]), clock)
-    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1])
-    model.would_accept = 6
-    did = model_rounds(hybrid, model, 100, take=(10, 11, 12), send=3)
-    assert did[MEASURED:].count("draft") <= 5

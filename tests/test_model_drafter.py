@@ -21,7 +21,6 @@ from specedge.common.session import StepResult
 from specedge.edge.draft_model import BATCH as BATCH_TOKENS
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
-from specedge.edge import model_drafter as model_drafter_module
 from specedge.edge.model_drafter import CATCH_UP_BATCH
 from specedge.edge.registry import make_drafter
 from specedge.edge.tokenizer import EdgeTokenizer
@@ -62,30 +61,6 @@ def test_a_stopped_prefill_leaves_a_prefix_that_logits_goes_on_from():
     assert model.tokens == tokens[:BATCH_TOKENS]
     fresh = DraftModel(draft_model_path("smollm2-135m"), context=2048)
     assert np.array_equal(model.logits(tokens), fresh.logits(tokens))
-
-
-def test_what_the_model_predicted_where_it_read_is_kept_from_record_from_on():
-    """Positions read from `record_from` on keep the model's most likely next tokens and their
-    probabilities, as the logits after each prefix say (compared where both read one token a forward:
-    llama.cpp rounds differently for other batch splits); positions before it, and those a rollback
-    dropped, keep nothing."""
-    tokens = np.random.default_rng(2).integers(100, 5000, size=40).tolist()
-    model = DraftModel(draft_model_path("smollm2-135m"), context=2048)
-    model.record_from = 10
-    model.prefill(tokens, batch=1)
-    fresh = DraftModel(draft_model_path("smollm2-135m"), context=2048)
-    assert model.predicted(9) is None
-    for position in range(len(tokens)):
-        logits = fresh.logits(tokens[: position + 1]).astype(np.float64)  # one new token a forward
-        if position < 10:
-            continue
-        p = np.exp(logits - logits.max())
-        p /= p.sum()
-        top, probs = model.predicted(position)
-        assert top.tolist() == np.argsort(-p)[: len(top)].tolist()
-        np.testing.assert_allclose(probs, p[top], rtol=1e-6)
-    model.logits(tokens[:30])  # roll back
-    assert model.predicted(29) is not None and model.predicted(30) is None
 
 
 def test_the_first_rounds_go_without_model_drafts_while_the_drafter_reads_the_prompt(real_model):
@@ -198,60 +173,6 @@ def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(re
         assert drafter.behind_ms() > 0
         drafter.propose()
         assert drafter._unread() == 0 and drafter.behind_ms() == 0
-
-
-class Ticking:
-    """perf_counter for the model drafter: 10 ms pass between any two readings (so every forward takes 10 ms,
-    whatever the host's load)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        self.now += 0.01
-        return self.now
-
-
-@pytest.mark.parametrize("target", ["smollm2-135m", "gemma3-270m"])  # same vocabulary; across (SLEM)
-def test_what_the_model_read_tells_how_far_its_draft_would_have_gone(real_model, target, monkeypatch):
-    """Greedy rounds against a text the drafter mostly foresees (its own greedy continuation, every ninth
-    token of it replaced): once the model has read the text, `counterfactual` tells for each round how
-    many tokens its draft would have had accepted, as many as its draft in that round had, in most rounds:
-    the same chain, with the same depth rule. (Not in all: the rule's inputs, the calibration and the
-    timings, move between the round and the telling; and across vocabularies the drafter's context in the
-    round may have ended in a token that the text after it re-tokenised, as "\n" of a "\n\n" to come.)"""
-    monkeypatch.setattr(model_drafter_module, "time", Ticking())
-    hf, tokenizer = real_model(target)
-    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
-    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
-    drafter.record_predictions = True
-    prompt = edge_tokenizer.encode(PROMPT)
-    drafter.begin(prompt, SamplingParams())
-    assert drafter.ready(timeout=60) and drafter.counterfactuals
-    own = []  # the drafter's greedy continuation, in its own ids
-    for _ in range(60):
-        own.append(int(np.argmax(drafter.model.logits(drafter.context + own))))
-    reference = edge_tokenizer.encode(b"".join(drafter.bridge.drafter_bytes[t] or b"" for t in own).decode(
-        "utf-8", "ignore")) if drafter.bridge.cross else list(own)
-    odd = edge_tokenizer.encode(" zebra")[0]
-    reference = [odd if i % 9 == 8 else t for i, t in enumerate(reference)]
-    rounds, done = [], 0
-    while done < len(reference) - 1:
-        tree = drafter.propose()
-        children, accepted, node = tree.children(), [], -1
-        while done + len(accepted) < len(reference) - 1:
-            want = reference[done + len(accepted)]
-            node = next((c for c in children[node + 1] if tree.tokens[c] == want), None)
-            if node is None:
-                break
-            accepted.append(node)
-        tokens = reference[done : done + len(accepted) + 1]
-        drafter.observe(tree, StepResult(tokens=tokens, accepted=accepted, compute_ms=50.0))
-        rounds.append((done, len(accepted)))
-        done += len(tokens)
-    drafter.model.prefill(drafter.context)  # read to the end
-    told = [(drafter.counterfactual(first), accepted) for first, accepted in rounds]
-    assert sum(t == a for t, a in told) >= 0.8 * len(told)
 
 
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
