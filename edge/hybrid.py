@@ -105,7 +105,8 @@ class HybridDrafter:
         self.split_after_led = True  # False: the model's lead does not count (for comparison)
         self._led = False  # the last round's verdict ran out along the model's own nodes (see observe)
         self._level: float | None = None  # the model's G lately, in a bucket of shape 1
-        self._shape = np.zeros((rows, 3))  # per bucket: decayed sums of G, of the level then, and of the rounds
+        # Per bucket (no ALL row: the level is that): decayed sums of G, of the level at the time, of the rounds
+        self._shape = np.zeros((rows - 1, 3))
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
         # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
         self._last_quiet: tuple[int, bool, float] | None = None
