@@ -296,7 +296,6 @@ def test_a_model_whose_drafts_are_never_worth_sending_stops_drafting(monkeypatch
     assert did[MEASURED + 1:].count("draft") <= (40 - MEASURED - 1) * EXPLORE_SHARE * 100.0 / 50.0
 
 
-
 def test_when_the_text_changes_a_few_rounds_in_any_bucket_tell_every_bucket(monkeypatch):
     """Retrieval is confident (2.6 tokens expected), less so (1.5) and unsure (0.3) in turn. For 30 rounds the
     verifier takes the model's 13-14 beyond retrieval's 10 (G = 2: the model pays in each bucket), then only
@@ -312,6 +311,7 @@ def test_when_the_text_changes_a_few_rounds_in_any_bucket_tell_every_bucket(monk
     assert model_rounds(hybrid, model, 30, take=(10, 13, 14))[MEASURED + 1:] == ["draft"] * (30 - MEASURED - 1)
     after = model_rounds(hybrid, model, 30, take=(10, 11, 12))
     assert "rest" in after and after[: after.index("rest")].count("draft") <= 5
+
 
 def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
     """`rounds` rounds of 100 ms in which the verifier commits `take` (and a bonus token); the rounds the model
