@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,6 +22,9 @@ class DraftTree:
     # model's cell it was estimated from). It travels with the nodes through `prefix` and `after`, so a
     # verdict on a tree sent ahead of others is learned from with its own nodes' notes.
     notes: list | None = None
+    # Never sent: the whole draft this tree is the first nodes of (set by `prefix`, kept by `after`). In a
+    # greedy generation the committed text judges every node of it, sent or not (edge/calibration.py).
+    drafted: DraftTree | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -42,7 +45,8 @@ class DraftTree:
         proposals = None if self.proposals is None else {p: q for p, q in self.proposals.items() if p < n}
         accept_probs = None if self.accept_probs is None else self.accept_probs[:n]
         notes = None if self.notes is None else self.notes[:n]
-        return DraftTree(self.tokens[:n], self.parents[:n], proposals, accept_probs, notes)
+        return DraftTree(self.tokens[:n], self.parents[:n], proposals, accept_probs, notes,
+                         self.drafted if self.drafted is not None else self)
 
     def after(self, path: list[int]) -> DraftTree:
         """What is left of this tree once `path` (tokens) has been committed after its root: the subtree
@@ -51,12 +55,13 @@ class DraftTree:
         verdict is verified this way, and its sender works out the same subtree to read the answer."""
         if not path:
             return self
+        drafted = None if self.drafted is None else self.drafted.after(path)
         children = self.children()
         node = -1
         for token in path:
             node = next((c for c in children[node + 1] if self.tokens[c] == token), None)
             if node is None:
-                return DraftTree.empty()
+                return DraftTree([], [], drafted=drafted)
         index = {node: -1}  # old index -> new index; the last node of the path becomes the root
         for i in range(node + 1, len(self)):
             if self.parents[i] in index:
@@ -71,7 +76,7 @@ class DraftTree:
                             for i in kept]
         notes = None if self.notes is None else [self.notes[i] for i in kept]
         return DraftTree([self.tokens[i] for i in kept], [index[self.parents[i]] for i in kept], proposals,
-                         accept_probs, notes)
+                         accept_probs, notes, drafted)
 
     def validate(self, vocab_size: int) -> None:
         n = len(self.tokens)

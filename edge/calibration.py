@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from specedge.common.draft_tree import DraftTree
 from specedge.edge.generation_shift import GenerationShift
 
 EDGES = np.linspace(0.0, 1.0, 11)[1:-1]  # ten buckets of raw probability
@@ -52,3 +53,18 @@ def reached_and_accepted(parents: list[int], accepted_nodes: list[int]) -> tuple
     accepted[np.asarray(accepted_nodes, dtype=np.int64) + 1] = True
     reached = accepted[np.asarray(parents, dtype=np.int64) + 1]
     return reached, accepted[1:]
+
+
+def judged_by_text(tree: DraftTree, committed: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """For every node of a draft, sent or not, in a greedy generation: whether it was reached and accepted
+    by the text the verdict committed after its root (the target's own tokens, the bonus one included: a
+    greedy verifier accepts exactly the path that spells them). Learning from the nodes left unsent too
+    makes what a source learns independent of what was sent beside it (by the controller, or by another
+    source in a hybrid tree). A node deeper than the committed text is not reached: the text cannot judge it."""
+    reached = np.zeros(len(tree), dtype=bool)
+    accepted = np.zeros(len(tree), dtype=bool)
+    for i, (depth, token, parent) in enumerate(zip(tree.depths(), tree.tokens, tree.parents)):
+        if depth <= len(committed) and (parent < 0 or accepted[parent]):
+            reached[i] = True
+            accepted[i] = token == committed[depth - 1]
+    return reached, accepted

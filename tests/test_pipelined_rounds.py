@@ -71,6 +71,14 @@ def test_what_is_left_of_a_tree_is_exactly_the_nodes_below_the_committed_path(tr
         assert rest.accept_probs[i] == pytest.approx(min(1.0, whole / given_path))
 
 
+@settings(max_examples=200, deadline=None)
+@given(tree=trees(), sent=st.integers(0, 24), path=st.lists(st.integers(0, 5), max_size=4))
+def test_the_nodes_sent_keep_the_whole_draft_they_were_cut_from_through_what_is_left(tree, sent, path):
+    rest = tree.prefix(sent).after(path)  # (a drafter learns from its unsent nodes by it: edge/retrieval.py)
+    whole = rest.drafted if rest.drafted is not None else rest
+    assert token_paths(whole) == token_paths(tree.after(path))
+
+
 def test_proposals_follow_their_nodes_into_what_is_left():
     tree = DraftTree([1, 2, 3, 4], [-1, 0, 1, 0], proposals={-1: ([1], [1.0]), 0: ([2, 4], [0.6, 0.4]),
                                                             1: ([3], [1.0])})

@@ -3,7 +3,10 @@ and in the long-term datastore), learns from the verifier's answers, and stays l
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specedge.cloud.engine import Engine
 from specedge.cloud.local import LocalVerifier
@@ -12,9 +15,11 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge import datastore
+from specedge.edge.calibration import judged_by_text, reached_and_accepted
 from specedge.edge.controller import TreeSizeController
 from specedge.edge.generation import generate
 from specedge.edge.retrieval import RetrievalDrafter
+from test_pipelined_rounds import trees
 from tiny_models import tiny_llama
 
 SENTENCE = [10, 11, 12, 13, 14, 15, 16, 17]
@@ -70,14 +75,56 @@ def test_a_generation_whose_drafts_fail_trusts_them_less_until_the_next_prompt()
     drafter = RetrievalDrafter(hints_top_k=0)
     prompt = [1] + SENTENCE + [2] + SENTENCE[:2]
     drafter.begin(prompt)
-    for _ in range(3):  # the text goes elsewhere: every draft is rejected at its first token
-        drafter.observe(drafter.propose().prefix(3), StepResult(tokens=[99], accepted=[], compute_ms=1.0))
+    for k in range(3):  # the text goes elsewhere: every draft is rejected at its first token
+        drafter.observe(drafter.propose().prefix(3), StepResult(tokens=[90 + k], accepted=[], compute_ms=1.0))
         drafter.index.append(SENTENCE[:2])  # the same ending again, so the same draft
     assert drafter.model.generation.value < 0
     lowered = drafter.propose().accept_probs[0]
     drafter.begin(drafter.index.tokens[: drafter.index.n].tolist())  # a new prompt, the same text
     assert drafter.model.generation.value == 0
     assert drafter.propose().accept_probs[0] > lowered
+
+
+def greedy_verdict(tree: DraftTree, text: list[int]) -> tuple[list[int], list[int]]:
+    """A greedy verifier whose model goes on with `text`: the accepted nodes, and the tokens committed."""
+    accepted, node = [], -1
+    while (node := next((c for c in tree.children()[node + 1] if tree.tokens[c] == text[len(accepted)]),
+                        None)) is not None:
+        accepted.append(node)
+    return accepted, text[: len(accepted) + 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trees(), sent=st.integers(0, 24), text=st.lists(st.integers(0, 5), min_size=26, max_size=26))
+def test_in_greedy_generations_the_committed_text_judges_unsent_nodes_as_sending_them_would(tree, sent, text):
+    _, committed = greedy_verdict(tree.prefix(sent), text)
+    reached, accepted = reached_and_accepted(tree.parents, greedy_verdict(tree, text)[0])
+    judged = np.array(tree.depths(), dtype=np.int64) <= len(committed)  # deeper: the text says nothing
+    assert (judged_by_text(tree, committed)[0] == reached & judged).all()
+    assert (judged_by_text(tree, committed)[1] == accepted & judged).all()
+
+
+def test_a_greedy_generation_learns_from_the_nodes_it_did_not_send():
+    drafter = RetrievalDrafter(hints_top_k=0)
+    prompt = [1] + SENTENCE + [2, 10, 11, 3, 4, 10, 11]  # after 10 11: 12 or 3
+
+    def estimates() -> dict[int, float]:
+        """The acceptance estimate of each token the draft offers first."""
+        draft = drafter.propose()
+        return {draft.tokens[i]: draft.accept_probs[i] for i in draft.children()[0]}
+
+    drafter.begin(prompt)
+    draft = drafter.propose()
+    first, runner_up = (draft.tokens[i] for i in draft.children()[0])
+    before = estimates()
+    drafter.observe(draft.prefix(1), StepResult(tokens=[runner_up], accepted=[], compute_ms=1.0))  # not sent
+    drafter.begin(prompt)  # the same situation again: the runner-up is trusted more, the first choice less
+    after = estimates()
+    assert after[runner_up] > before[runner_up] and after[first] < before[first]
+    drafter.begin(prompt, SamplingParams(temperature=1.0))  # sampled text does not judge unsent nodes
+    drafter.observe(drafter.propose().prefix(0), StepResult(tokens=[runner_up], accepted=[], compute_ms=1.0))
+    drafter.begin(prompt)
+    assert estimates()[runner_up] == pytest.approx(after[runner_up])
 
 
 def test_earlier_outputs_supply_continuations_the_context_lacks():
