@@ -3,9 +3,8 @@
 A model drafter's own probability of a token is an optimistic guess of the target's agreement (a smaller
 model, another tokenizer, a sampled draft); the controller's expected-value rule needs the real rate. Raw
 conditional probabilities are bucketed; each bucket starts at its own midpoint with PRIOR_WEIGHT
-observations' worth of belief and moves with every node reached (in a greedy generation every node drafted,
-sent or not: see `judged`). The buckets are kept across generations; within one, the estimates move by the
-generation's own shift (edge/generation_shift.py).
+observations' worth of belief and moves with every node the verifier reached. The buckets are kept across
+generations; within one, the estimates move by the generation's own shift (edge/generation_shift.py).
 """
 
 from __future__ import annotations

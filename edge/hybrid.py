@@ -5,8 +5,9 @@ two trees as a trie (a path both propose is one node, estimated by the more conf
 the nodes by estimate, so the controller's expected-value rule picks the nodes worth a pass from either
 source under one node budget. Sorting by estimate keeps each source's nodes in the source's own order, so
 any prefix of the merged tree holds a prefix of each source's draft, and each source learns from the
-verdict on the nodes of its own that were sent (in a greedy generation from all of them: the committed text
-judges the unsent ones too, so what a source learns in a round does not depend on what the other sent).
+verdict on the nodes of its own that were sent (retrieval, in a greedy generation, from all of its nodes:
+the committed text judges the unsent ones too, so what it learns in a round does not depend on what the
+model's nodes left out).
 
 The model costs tens of ms per round on an edge CPU; retrieval costs well under one. Where retrieval's draft
 is confident the model rarely adds a token, so each round the hybrid asks whether the model pays. It measures

@@ -37,7 +37,7 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
-from specedge.edge.calibration import Calibration, judged
+from specedge.edge.calibration import Calibration, reached_and_accepted
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.vocab_bridge import CrossVocab, SameVocab, TargetDraft
 
@@ -172,9 +172,10 @@ class ModelDrafter:
         return self._best_first(nodes, proposals)
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
-        nodes, reached, accepted = judged(tree, result, self.params.greedy)
-        raw = self._raw[: len(nodes)]
-        self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
+        if len(tree):
+            reached, accepted = reached_and_accepted(tree.parents, result.accepted)
+            raw = self._raw[: len(tree)]
+            self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
         self.context = self.bridge.commit(result.tokens)
         known = tuple(self.context)
         self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}

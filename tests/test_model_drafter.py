@@ -175,24 +175,6 @@ def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(re
         assert drafter._unread() == 0 and drafter.behind_ms() == 0
 
 
-def test_a_greedy_generation_calibrates_on_the_drafted_nodes_it_did_not_send(real_model):
-    """The committed text judges every node drafted, sent or not (edge/calibration.py, judged): here the
-    controller sent none of them, and the draft's first token was what the target committed."""
-    hf, tokenizer = real_model("smollm2-135m")
-    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
-    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
-    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
-    assert drafter.ready(timeout=60)
-    draft = drafter.propose()
-    assert len(draft)
-    assert drafter.calibration.reached.sum() == 0
-    drafter.observe(draft.prefix(0), StepResult(tokens=[draft.tokens[0], 13], accepted=[], compute_ms=50.0))
-    # the root's children were reached and the first accepted; then the first's children, 13 accepted
-    below_first = [draft.tokens[i] for i in draft.children()[1]]
-    assert drafter.calibration.reached.sum() == len(draft.children()[0]) + len(below_first)
-    assert drafter.calibration.accepted.sum() == 1 + below_first.count(13)
-
-
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
     """The target's exact p(x1) and, for its `firsts` most likely x1, p(x1, x2)."""
     with torch.inference_mode():
