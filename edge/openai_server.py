@@ -143,7 +143,7 @@ def _stats(result: ClientResult) -> dict:
 
 
 class HttpServer:
-    """uvicorn serving `app` on a socket bound now (port 0: any free port; `port` tells which)."""
+    """uvicorn serving `app` on a socket bound and listening now (port 0: any free port; `port` tells which)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning") -> None:
         import uvicorn
@@ -152,6 +152,9 @@ class HttpServer:
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))
+        # Listening from now on: a client that connects before uvicorn has started waits in the backlog
+        # instead of being refused (the command prints its URL before serving).
+        self.socket.listen(socket.SOMAXCONN)
         self.host, self.port = host, self.socket.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5))
         self._thread: threading.Thread | None = None
