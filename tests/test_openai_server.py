@@ -158,6 +158,21 @@ def test_a_streaming_client_that_hangs_up_ends_its_generation_and_frees_its_kv_b
     assert verifier.used_blocks(want=0, wait_s=20) == 0
 
 
+def test_the_address_accepts_connections_from_the_moment_it_is_known():
+    """edge-serve prints its URL before uvicorn starts: a client that connects then waits in the socket's
+    backlog instead of being refused."""
+    import socket
+
+    async def app(scope, receive, send) -> None:  # never called: nothing is served here
+        raise AssertionError("not serving")
+
+    server = HttpServer(app, port=0)  # bound, not yet serving
+    try:
+        socket.create_connection((server.host, server.port), timeout=5).close()
+    finally:
+        server.socket.close()
+
+
 def test_edge_serve_command_serves_the_api_against_a_verifier(verifier, tmp_path):
     """The command itself, as deployed: `specedge edge-serve --server ...` on a free port."""
     import subprocess
