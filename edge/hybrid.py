@@ -65,6 +65,7 @@ import numpy as np
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
+from specedge.edge.calibration import judged_by_text
 from specedge.edge.model_drafter import SPECULATION_STEPS, ModelDrafter, moving_average
 from specedge.edge.retrieval import RetrievalDrafter
 
@@ -76,6 +77,16 @@ class _Merged:
     estimate: float
     where: dict[int, int] = field(default_factory=dict)  # source number -> node index in that source's draft
     retrieval_below: bool = False  # the retrieval draft has children under this node
+
+
+@dataclass
+class _Aside:
+    """A draft the model made aside during a round's pass, waiting for enough committed text to judge it."""
+
+    bucket: int
+    draft: DraftTree  # its nodes that the controller would have sent beside retrieval's
+    accepted: int  # tokens retrieval's tree had accepted in that round
+    text: list[int]  # committed since the round began
 
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
@@ -91,6 +102,7 @@ LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
 FORGET_PAIRS = 0.95  # per pair of rounds measuring that slowdown (each pair is noisy: a mean over many)
+ASIDE_SLOWDOWN = 0.05  # reading beside a pass slows it by less (measured): the model drafts aside there
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
@@ -120,6 +132,10 @@ class HybridDrafter:
         self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
         self._model_rounds = 0  # rounds the model drafted in
+        self._greedy = True  # this generation's
+        self._expected = 0.0  # this round's E
+        self._aside: DraftTree | None = None  # this round's draft aside (see speculate)
+        self._asides: list[_Aside] = []  # drafts aside not judged yet
 
     @property
     def hints_top_k(self) -> int:
@@ -166,6 +182,8 @@ class HybridDrafter:
         pays = loss + (self.sources[1].token_ms or 0.0) < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
+        if self._drafts_aside():  # G is measured aside: no round need explore
+            return READ, pays
         if not self._shape[b, 2] and behind_ms <= self.model_ms:
             return DRAFT, pays  # G differs most between buckets: each measures it once where that is cheap
         if pays:  # it reads during this pass, and drafts in the next round
@@ -205,6 +223,13 @@ class HybridDrafter:
         self._shape[b] = FORGET_SHAPE * self._shape[b] + (gain, level, 1.0)
         self._level = FORGET * level + (1 - FORGET) * gain / max(shape, SHAPE_FLOOR)
 
+    def _drafts_aside(self) -> bool:
+        """Whether the model, where it does not draft, drafts aside during the pass (speculate): in greedy
+        generations, where working beside the pass is measured to cost it (nearly) nothing, as where edge and
+        verifier are separate machines. Its drafts there, judged by the committed text, measure G in every such
+        round at no cost to the round, in place of exploring rounds (which spend their drafting time on it)."""
+        return self._greedy and bool(self._reading_pairs[1]) and self._slowed_by_reading() < ASIDE_SLOWDOWN
+
     def _slowed_by_reading(self) -> float:
         """By what share the verifier's pass is slower while the model reads beside it: ~0.15 on two cores of
         one machine (BENCHMARKS.md section 6), nothing where edge and verifier are apart. Measured from
@@ -231,6 +256,7 @@ class HybridDrafter:
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round, self._last_quiet, self._led = True, None, False
+        self._greedy = (params or SamplingParams()).greedy
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
         # Once measured, a model reads the prompt only from the first round it drafts or reads in.
@@ -240,7 +266,8 @@ class HybridDrafter:
         retrieval, model = self.sources
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
-        expected = sum(retrieved.accept_probs or ())
+        expected = self._expected = sum(retrieved.accept_probs or ())
+        self._aside = None
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
         self._mode = self._model_round(expected, behind_ms)
         self._model_read = self._mode != REST or model.reading  # speculate() may start it reading
@@ -320,6 +347,7 @@ class HybridDrafter:
             self._led = gain > 0 and not any(n.parent == accepted_merged[-1] for n in self._merged[:sent])
         else:
             self._led = False
+        self._judge_asides(tree, result, b)
         if not self._first_round:  # its pass reads the prompt: not a typical round
             ms = (time.perf_counter() - self._sent_at) * 1e3
             if not drafted:
@@ -342,7 +370,33 @@ class HybridDrafter:
             source.observe(draft.prefix(n), StepResult(result.tokens, accepted, result.compute_ms, result.queue_ms,
                                                        result.rtt_ms, result.next_max_tree_tokens))
 
+    def _judge_asides(self, tree: DraftTree, result: StepResult, bucket: int) -> None:
+        """Keep this round's draft aside (its nodes the controller would have sent: those estimated at least
+        as high as the last node it sent, when it cut retrieval's draft short), and judge each kept draft whose
+        depth the committed text now reaches: what it would have added is G for its round."""
+        for aside in self._asides:
+            aside.text += result.tokens
+        if self._aside is not None:
+            cut = len(tree) < len(self._drafts[0])
+            floor = tree.accept_probs[-1] if cut and tree.accept_probs else 0.0
+            n = sum(1 for e in (self._aside.accept_probs or ()) if e >= floor)
+            draft = self._aside.prefix(min(n, self.max_nodes - len(tree)))
+            self._asides.append(_Aside(bucket, draft, len(result.accepted), list(result.tokens)))
+        self._asides = [a for a in self._asides if not self._judged(a, final=False)]
+
+    def _judged(self, aside: _Aside, final: bool) -> bool:
+        """Learn G from `aside` once the text reaches its depth (or, `final`, the generation has ended)."""
+        if not final and len(aside.text) < max(aside.draft.depths(), default=0):
+            return False
+        _, accepted = judged_by_text(aside.draft, aside.text)
+        reach = max((d for d, a in zip(aside.draft.depths(), accepted) if a), default=0)
+        self._learn_gain(aside.bucket, max(0, reach - aside.accepted))
+        return True
+
     def end(self) -> None:
+        for aside in self._asides:
+            self._judged(aside, final=True)
+        self._asides = []
         for source in self.sources:
             source.end()
 
@@ -353,6 +407,8 @@ class HybridDrafter:
         # and a resting model nothing.
         drafting = bool(self._drafts and len(self._drafts[1]))
         model = self.sources[1]
+        if not drafting and self._mode == READ and self._drafts_aside():
+            self._aside = model.draft_aside(stop, alongside=self._expected)
         if drafting or self._mode != REST:
             model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
         self._model_read = self._mode != REST or model.reading

@@ -82,6 +82,7 @@ class ModelDrafter:
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()  # the current reader's own (a stopped one may still be ending)
         self._read_error: BaseException | None = None
+        self._interrupt: Callable[[], bool] | None = None  # checked before each forward of a draft aside
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None, read: bool = True) -> None:
         """`read`: start reading the prompt now; otherwise the first round that drafts or speculates starts
@@ -169,7 +170,28 @@ class ModelDrafter:
             nodes, proposals = (self._slem() if self.bridge.cross else self._greedy()), None
         else:
             nodes, proposals = self._sampled()
-        return self._best_first(nodes, proposals)
+        tree, self._raw = self._best_first(nodes, proposals)
+        return tree
+
+    def draft_aside(self, stop: Callable[[], bool], alongside: float = 0.0) -> DraftTree | None:
+        """What propose() would draft now (greedy generations), computed while the verifier checks a tree
+        without the model's nodes and never sent: the hybrid judges it by the text the verdict commits, to
+        measure what the model would have added without spending a round's time on it. None when the verdict
+        (`stop()`) or its expected time came before the draft was whole, or when the model cannot draft now."""
+        if not self.params.greedy or not self.context or (self.bridge.cross and self.bridge.pending):
+            return None
+        if self._reading_backlog():
+            return None
+        deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
+        self._alongside = alongside
+        self._interrupt = lambda: stop() or time.perf_counter() > deadline
+        try:
+            nodes = self._slem() if self.bridge.cross else self._greedy()
+        except _Interrupted:
+            return None
+        finally:
+            self._interrupt = None
+        return self._best_first(nodes, None)[0]
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         if len(tree):
@@ -271,6 +293,8 @@ class ModelDrafter:
         """The drafter's logits after `sequence` (drafter ids), computed once per sequence."""
         key = tuple(sequence)
         if (logits := self._logits.get(key)) is None:
+            if self._interrupt is not None and self._interrupt():
+                raise _Interrupted
             start = time.perf_counter()
             logits = self._logits[key] = self.model.logits(sequence).astype(np.float64)
             if len(sequence) > len(self.context):  # a one-token forward (the first may feed the verdict's tokens)
@@ -394,14 +418,14 @@ class ModelDrafter:
         return nodes, proposals
 
     # --- the tree -----------------------------------------------------------------------------------
-    def _best_first(self, nodes: list[_Node], proposals: dict | None) -> DraftTree:
-        """Nodes by decreasing estimate (path estimates never grow downwards, so parents stay first)."""
+    def _best_first(self, nodes: list[_Node], proposals: dict | None) -> tuple[DraftTree, np.ndarray]:
+        """Nodes by decreasing estimate (path estimates never grow downwards, so parents stay first), and
+        their raw probabilities (the calibration's input when the verdict comes)."""
         order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].estimate, i))[: self.max_nodes]
         where = {old: new for new, old in enumerate(order)}
         if any(nodes[i].parent >= 0 and where.get(nodes[i].parent, len(order)) >= where[i] for i in order):
             order = list(range(min(len(nodes), self.max_nodes)))  # a tie put a child first: keep draft order
             where = {i: i for i in order}
-        self._raw = np.array([nodes[i].raw for i in order])
         tree = DraftTree(
             tokens=[nodes[i].token for i in order],
             parents=[where[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in order],
@@ -409,7 +433,11 @@ class ModelDrafter:
         )
         if proposals is not None:
             tree.proposals = {(where[p] if p >= 0 else -1): q for p, q in proposals.items() if p < 0 or p in where}
-        return tree
+        return tree, np.array([nodes[i].raw for i in order])
+
+
+class _Interrupted(Exception):
+    """A draft aside stopped before a forward: the verdict came first."""
 
 
 def _lowest_priority() -> None:
