@@ -350,7 +350,8 @@ def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tu
             accepted.append(child)
         model.clock.spend(100.0 * (1.0 + (reading_slows if did[-1] != "rest" else 0.0)))
         bonus = take[len(accepted)] if len(accepted) < len(take) else 99  # the text goes on as `take` says
-        hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], bonus], accepted=accepted, compute_ms=100.0))
+        tokens = [*take[: len(accepted)], bonus]
+        hybrid.observe(tree, StepResult(tokens=tokens, accepted=accepted, compute_ms=100.0))
     return did
 
 
