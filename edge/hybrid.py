@@ -404,13 +404,15 @@ class HybridDrafter:
         # Retrieval has nothing to compute ahead. The model reads ahead what the verdict most likely commits
         # (retrieval's verdicts run to tens of tokens), so that a round it drafts does not begin by reading
         # it; when it is not drafting it does only that (and reads what was committed since it last ran),
-        # and a resting model nothing.
+        # after drafting aside where it does (see _drafts_aside), and a resting model nothing.
         drafting = bool(self._drafts and len(self._drafts[1]))
         model = self.sources[1]
-        if not drafting and self._mode == READ and self._drafts_aside():
-            self._aside = model.draft_aside(stop, alongside=self._expected)
-        if drafting or self._mode != REST:
-            model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
+        aside = not drafting and self._mode == READ and self._drafts_aside()
+        if aside:
+            self._aside = model.draft_aside(stop, alongside=self._expected, since=self._sent_at)
+        # (speculate reads a first batch whatever the time: not after a draft aside the verdict came during)
+        if drafting or (self._mode != REST and not (aside and stop())):
+            model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict(), since=self._sent_at)
         self._model_read = self._mode != REST or model.reading
 
     def _likely_verdict(self) -> list[int]:

@@ -173,16 +173,18 @@ class ModelDrafter:
         tree, self._raw = self._best_first(nodes, proposals)
         return tree
 
-    def draft_aside(self, stop: Callable[[], bool], alongside: float = 0.0) -> DraftTree | None:
+    def draft_aside(self, stop: Callable[[], bool], alongside: float = 0.0, since: float | None = None
+                    ) -> DraftTree | None:
         """What propose() would draft now (greedy generations), computed while the verifier checks a tree
         without the model's nodes and never sent: the hybrid judges it by the text the verdict commits, to
         measure what the model would have added without spending a round's time on it. None when the verdict
-        (`stop()`) or its expected time came before the draft was whole, or when the model cannot draft now."""
+        (`stop()`) or its expected time came before the draft was whole, or when the model cannot draft now.
+        `since`: when the pass began (time.perf_counter(); now by default)."""
         if not self.params.greedy or not self.context or (self.bridge.cross and self.bridge.pending):
             return None
         if self._reading_backlog():
             return None
-        deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
+        deadline = self._deadline(since)
         self._alongside = alongside
         self._interrupt = lambda: stop() or time.perf_counter() > deadline
         try:
@@ -231,7 +233,8 @@ class ModelDrafter:
             held += 1
         return len(sequence) - held
 
-    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = ()) -> None:
+    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = (),
+                  since: float | None = None) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
         `steps` forwards (first it reads what was committed since the model last ran, in forwards of up to
@@ -242,13 +245,14 @@ class ModelDrafter:
         them, with a bonus token the drafter had as a runner-up there.
         `then`: target ids the verdict will most likely commit, which another drafter proposed (the hybrid's
         retrieval): they are read too, and the sequences begin after them (a verdict that takes only part
-        of them still finds that part read: the model's cache keeps the longest common prefix)."""
+        of them still finds that part read: the model's cache keeps the longest common prefix).
+        `since`: when the pass began (time.perf_counter(); now by default)."""
         if not self.context or self._reading_backlog():
             return
         base = self.bridge.preview(then) if then else self.context
         # A forward started just before the verdict delays the next round: start none that would end after
         # the verdict's expected time.
-        deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
+        deadline = self._deadline(since)
         # First, read what was committed since the model last ran (many rounds' tokens after a long prompt
         # read) and what the verdict will likely commit, in batches that end by the verdict's expected time:
         # a batch cannot be stopped, and one that outlasts the pass delays the next round.
@@ -276,6 +280,12 @@ class ModelDrafter:
                 likelihood = -neg_likelihood * float(self.calibration.probs(p[token]))
                 if likelihood >= MIN_PATH and not self.model.is_end(token):
                     heapq.heappush(frontier, (-likelihood, sequence + (token,)))
+
+    def _deadline(self, since: float | None) -> float:
+        """The latest time (perf_counter) to start a forward during a pass that began at `since`: one forward
+        before the verdict's expected time, so that none started meanwhile delays the next round."""
+        since = time.perf_counter() if since is None else since
+        return since + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
 
     # --- drafting -----------------------------------------------------------------------------------
     def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:

@@ -43,11 +43,11 @@ class Scripted:
     def end(self) -> None:
         pass
 
-    def speculate(self, stop, steps: int = SPECULATION_STEPS, then=()) -> None:
+    def speculate(self, stop, steps: int = SPECULATION_STEPS, then=(), since=None) -> None:
         self.speculated.append(steps)
         self.read_ahead = list(then)
 
-    def draft_aside(self, stop, alongside: float = 0.0) -> DraftTree:
+    def draft_aside(self, stop, alongside: float = 0.0, since=None) -> DraftTree:
         self.aside += 1
         return self.tree
 
@@ -151,8 +151,8 @@ class TimedModel(Scripted):
         self.unread = 0
         return super().propose(alongside)
 
-    def speculate(self, stop, steps: int, then=()) -> None:
-        super().speculate(stop, steps, then)
+    def speculate(self, stop, steps: int, then=(), since=None) -> None:
+        super().speculate(stop, steps, then, since)
         self.unread = 0
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
@@ -336,11 +336,12 @@ def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tu
     nodes the controller sends of each tree (all by default)."""
     did = []
     for _ in range(rounds):
-        proposed, speculated = model.proposed, len(model.speculated)
+        proposed, worked = model.proposed, len(model.speculated) + model.aside
         tree = hybrid.propose()
         tree = tree if send is None else tree.prefix(send)
         hybrid.speculate(lambda: True)
-        did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) > speculated else "rest")
+        did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) + model.aside > worked
+                   else "rest")
         accepted = []
         for token in take:
             parent = accepted[-1] if accepted else -1
