@@ -96,6 +96,7 @@ MEASURE_ROUNDS = 4  # a fresh hybrid's rounds with the model before it decides (
 PRIOR_ROUNDS = 1.0  # weight of a fresh bucket's shape (1: G is the level), in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: the level is a mean over roughly the last 1 / (1 - FORGET) of them
+FORGET_ASIDE = 0.95  # per draft aside: one in every round the model does not draft in, so a longer mean
 FORGET_SHAPE = 0.95  # per round measured in a bucket: its shape, a ratio over roughly the last 20 of them
 SHAPE_FLOOR = 0.2  # where a bucket's shape is smaller, one round's G there counts as G / SHAPE_FLOOR of level
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
@@ -215,13 +216,13 @@ class HybridDrafter:
         prior = PRIOR_ROUNDS * (self._level or 0.0)
         return (gains + prior) / (levels + prior) if levels + prior > 0 else 1.0
 
-    def _learn_gain(self, b: int, gain: int) -> None:
-        """A round the model drafted in, in bucket `b`, added `gain` tokens: it moves the level by what it
-        says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
+    def _learn_gain(self, b: int, gain: int, forget: float = FORGET) -> None:
+        """A round the model drafted in (or aside), in bucket `b`, added `gain` tokens: it moves the level by
+        what it says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
         level = float(gain) if self._level is None else self._level
         shape = self._shape_of(b)
         self._shape[b] = FORGET_SHAPE * self._shape[b] + (gain, level, 1.0)
-        self._level = FORGET * level + (1 - FORGET) * gain / max(shape, SHAPE_FLOOR)
+        self._level = forget * level + (1 - forget) * gain / max(shape, SHAPE_FLOOR)
 
     def _drafts_aside(self) -> bool:
         """Whether the model, where it does not draft, drafts aside during the pass (speculate): in greedy
@@ -390,7 +391,7 @@ class HybridDrafter:
             return False
         _, accepted = judged_by_text(aside.draft, aside.text)
         reach = max((d for d, a in zip(aside.draft.depths(), accepted) if a), default=0)
-        self._learn_gain(aside.bucket, max(0, reach - aside.accepted))
+        self._learn_gain(aside.bucket, max(0, reach - aside.accepted), FORGET_ASIDE)
         return True
 
     def end(self) -> None:

@@ -533,7 +533,7 @@ def test_a_draft_aside_deeper_than_its_verdict_is_judged_by_the_text_committed_a
     hybrid.begin([1])
     model_rounds(hybrid, model, MEASURED + 2, take=(10, 11, 12))  # measured, reading costs nothing
     gains = []
-    monkeypatch.setattr(hybrid, "_learn_gain", lambda bucket, gain: gains.append(gain))
+    monkeypatch.setattr(hybrid, "_learn_gain", lambda bucket, gain, forget: gains.append(gain))
     for tokens, accepted in (([10, 13], [0]), ([14], []), ([15], [])):
         tree = hybrid.propose()
         hybrid.speculate(lambda: False)
