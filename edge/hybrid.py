@@ -65,7 +65,6 @@ import numpy as np
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
-from specedge.edge.calibration import judged_by_text
 from specedge.edge.model_drafter import SPECULATION_STEPS, ModelDrafter, moving_average
 from specedge.edge.retrieval import RetrievalDrafter
 
@@ -79,16 +78,6 @@ class _Merged:
     retrieval_below: bool = False  # the retrieval draft has children under this node
 
 
-@dataclass
-class _Aside:
-    """A draft the model made aside during a round's pass, waiting for enough committed text to judge it."""
-
-    bucket: int
-    draft: DraftTree  # its nodes that the controller would have sent beside retrieval's
-    accepted: int  # tokens retrieval's tree had accepted in that round
-    text: list[int]  # committed since the round began
-
-
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
 BUCKETS = len(EXPECTED_EDGES) + 1
 EXPLORE_SHARE = 0.03  # of the time in a bucket where the model does not pay, spent measuring it there
@@ -96,14 +85,12 @@ MEASURE_ROUNDS = 4  # a fresh hybrid's rounds with the model before it decides (
 PRIOR_ROUNDS = 1.0  # weight of a fresh bucket's shape (1: G is the level), in rounds of its own
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: the level is a mean over roughly the last 1 / (1 - FORGET) of them
-FORGET_ASIDE = 0.95  # per draft aside: one in every round the model does not draft in, so a longer mean
 FORGET_SHAPE = 0.95  # per round measured in a bucket: its shape, a ratio over roughly the last 20 of them
 SHAPE_FLOOR = 0.2  # where a bucket's shape is smaller, one round's G there counts as G / SHAPE_FLOOR of level
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
 FORGET_PAIRS = 0.95  # per pair of rounds measuring that slowdown (each pair is noisy: a mean over many)
-ASIDE_SLOWDOWN = 0.05  # reading beside a pass slows it by less (measured): the model drafts aside there
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
@@ -133,10 +120,6 @@ class HybridDrafter:
         self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
         self._model_rounds = 0  # rounds the model drafted in
-        self._greedy = True  # this generation's
-        self._expected = 0.0  # this round's E
-        self._aside: DraftTree | None = None  # this round's draft aside (see speculate)
-        self._asides: list[_Aside] = []  # drafts aside not judged yet
 
     @property
     def hints_top_k(self) -> int:
@@ -183,8 +166,6 @@ class HybridDrafter:
         pays = loss + (self.sources[1].token_ms or 0.0) < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
-        if self._drafts_aside():  # G is measured aside: no round need explore
-            return READ, pays
         if not self._shape[b, 2] and behind_ms <= self.model_ms:
             return DRAFT, pays  # G differs most between buckets: each measures it once where that is cheap
         if pays:  # it reads during this pass, and drafts in the next round
@@ -216,20 +197,13 @@ class HybridDrafter:
         prior = PRIOR_ROUNDS * (self._level or 0.0)
         return (gains + prior) / (levels + prior) if levels + prior > 0 else 1.0
 
-    def _learn_gain(self, b: int, gain: int, forget: float = FORGET) -> None:
-        """A round the model drafted in (or aside), in bucket `b`, added `gain` tokens: it moves the level by
-        what it says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
+    def _learn_gain(self, b: int, gain: int) -> None:
+        """A round the model drafted in, in bucket `b`, added `gain` tokens: it moves the level by what it
+        says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
         level = float(gain) if self._level is None else self._level
         shape = self._shape_of(b)
         self._shape[b] = FORGET_SHAPE * self._shape[b] + (gain, level, 1.0)
-        self._level = forget * level + (1 - forget) * gain / max(shape, SHAPE_FLOOR)
-
-    def _drafts_aside(self) -> bool:
-        """Whether the model, where it does not draft, drafts aside during the pass (speculate): in greedy
-        generations, where working beside the pass is measured to cost it (nearly) nothing, as where edge and
-        verifier are separate machines. Its drafts there, judged by the committed text, measure G in every such
-        round at no cost to the round, in place of exploring rounds (which spend their drafting time on it)."""
-        return self._greedy and bool(self._reading_pairs[1]) and self._slowed_by_reading() < ASIDE_SLOWDOWN
+        self._level = FORGET * level + (1 - FORGET) * gain / max(shape, SHAPE_FLOOR)
 
     def _slowed_by_reading(self) -> float:
         """By what share the verifier's pass is slower while the model reads beside it: ~0.15 on two cores of
@@ -257,7 +231,6 @@ class HybridDrafter:
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round, self._last_quiet, self._led = True, None, False
-        self._greedy = (params or SamplingParams()).greedy
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
         # Once measured, a model reads the prompt only from the first round it drafts or reads in.
@@ -267,8 +240,7 @@ class HybridDrafter:
         retrieval, model = self.sources
         retrieved = retrieval.propose()
         drafted = DraftTree.empty()
-        expected = self._expected = sum(retrieved.accept_probs or ())
-        self._aside = None
+        expected = sum(retrieved.accept_probs or ())
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
         self._mode = self._model_round(expected, behind_ms)
         self._model_read = self._mode != REST or model.reading  # speculate() may start it reading
@@ -348,7 +320,6 @@ class HybridDrafter:
             self._led = gain > 0 and not any(n.parent == accepted_merged[-1] for n in self._merged[:sent])
         else:
             self._led = False
-        self._judge_asides(tree, result, b)
         if not self._first_round:  # its pass reads the prompt: not a typical round
             ms = (time.perf_counter() - self._sent_at) * 1e3
             if not drafted:
@@ -371,33 +342,7 @@ class HybridDrafter:
             source.observe(draft.prefix(n), StepResult(result.tokens, accepted, result.compute_ms, result.queue_ms,
                                                        result.rtt_ms, result.next_max_tree_tokens))
 
-    def _judge_asides(self, tree: DraftTree, result: StepResult, bucket: int) -> None:
-        """Keep this round's draft aside (its nodes the controller would have sent: those estimated at least
-        as high as the last node it sent, when it cut retrieval's draft short), and judge each kept draft whose
-        depth the committed text now reaches: what it would have added is G for its round."""
-        for aside in self._asides:
-            aside.text += result.tokens
-        if self._aside is not None:
-            cut = len(tree) < len(self._drafts[0])
-            floor = tree.accept_probs[-1] if cut and tree.accept_probs else 0.0
-            n = sum(1 for e in (self._aside.accept_probs or ()) if e >= floor)
-            draft = self._aside.prefix(min(n, self.max_nodes - len(tree)))
-            self._asides.append(_Aside(bucket, draft, len(result.accepted), list(result.tokens)))
-        self._asides = [a for a in self._asides if not self._judged(a, final=False)]
-
-    def _judged(self, aside: _Aside, final: bool) -> bool:
-        """Learn G from `aside` once the text reaches its depth (or, `final`, the generation has ended)."""
-        if not final and len(aside.text) < max(aside.draft.depths(), default=0):
-            return False
-        _, accepted = judged_by_text(aside.draft, aside.text)
-        reach = max((d for d, a in zip(aside.draft.depths(), accepted) if a), default=0)
-        self._learn_gain(aside.bucket, max(0, reach - aside.accepted), FORGET_ASIDE)
-        return True
-
     def end(self) -> None:
-        for aside in self._asides:
-            self._judged(aside, final=True)
-        self._asides = []
         for source in self.sources:
             source.end()
 
@@ -405,15 +350,11 @@ class HybridDrafter:
         # Retrieval has nothing to compute ahead. The model reads ahead what the verdict most likely commits
         # (retrieval's verdicts run to tens of tokens), so that a round it drafts does not begin by reading
         # it; when it is not drafting it does only that (and reads what was committed since it last ran),
-        # after drafting aside where it does (see _drafts_aside), and a resting model nothing.
+        # and a resting model nothing.
         drafting = bool(self._drafts and len(self._drafts[1]))
         model = self.sources[1]
-        aside = not drafting and self._mode == READ and self._drafts_aside()
-        if aside:
-            self._aside = model.draft_aside(stop, alongside=self._expected, since=self._sent_at)
-        # (speculate reads a first batch whatever the time: not after a draft aside the verdict came during)
-        if drafting or (self._mode != REST and not (aside and stop())):
-            model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict(), since=self._sent_at)
+        if drafting or self._mode != REST:
+            model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
         self._model_read = self._mode != REST or model.reading
 
     def _likely_verdict(self) -> list[int]:

@@ -82,7 +82,6 @@ class ModelDrafter:
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()  # the current reader's own (a stopped one may still be ending)
         self._read_error: BaseException | None = None
-        self._interrupt: Callable[[], bool] | None = None  # checked before each forward of a draft aside
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None, read: bool = True) -> None:
         """`read`: start reading the prompt now; otherwise the first round that drafts or speculates starts
@@ -170,30 +169,7 @@ class ModelDrafter:
             nodes, proposals = (self._slem() if self.bridge.cross else self._greedy()), None
         else:
             nodes, proposals = self._sampled()
-        tree, self._raw = self._best_first(nodes, proposals)
-        return tree
-
-    def draft_aside(self, stop: Callable[[], bool], alongside: float = 0.0, since: float | None = None
-                    ) -> DraftTree | None:
-        """What propose() would draft now (greedy generations), computed while the verifier checks a tree
-        without the model's nodes and never sent: the hybrid judges it by the text the verdict commits, to
-        measure what the model would have added without spending a round's time on it. None when the verdict
-        (`stop()`) or its expected time came before the draft was whole, or when the model cannot draft now.
-        `since`: when the pass began (time.perf_counter(); now by default)."""
-        if not self.params.greedy or not self.context or (self.bridge.cross and self.bridge.pending):
-            return None
-        if self._reading_backlog():
-            return None
-        deadline = self._deadline(since)
-        self._alongside = alongside
-        self._interrupt = lambda: stop() or time.perf_counter() > deadline
-        try:
-            nodes = self._slem() if self.bridge.cross else self._greedy()
-        except _Interrupted:
-            return None
-        finally:
-            self._interrupt = None
-        return self._best_first(nodes, None)[0]
+        return self._best_first(nodes, proposals)
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         if len(tree):
@@ -233,8 +209,7 @@ class ModelDrafter:
             held += 1
         return len(sequence) - held
 
-    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = (),
-                  since: float | None = None) -> None:
+    def speculate(self, stop: Callable[[], bool], steps: int = SPECULATION_STEPS, then: list[int] = ()) -> None:
         """While the verifier checks the last draft: compute the logits after the token sequences the
         committed text most likely begins with next, best first, until `stop()` (the verdict is in) or
         `steps` forwards (first it reads what was committed since the model last ran, in forwards of up to
@@ -245,14 +220,13 @@ class ModelDrafter:
         them, with a bonus token the drafter had as a runner-up there.
         `then`: target ids the verdict will most likely commit, which another drafter proposed (the hybrid's
         retrieval): they are read too, and the sequences begin after them (a verdict that takes only part
-        of them still finds that part read: the model's cache keeps the longest common prefix).
-        `since`: when the pass began (time.perf_counter(); now by default)."""
+        of them still finds that part read: the model's cache keeps the longest common prefix)."""
         if not self.context or self._reading_backlog():
             return
         base = self.bridge.preview(then) if then else self.context
         # A forward started just before the verdict delays the next round: start none that would end after
         # the verdict's expected time.
-        deadline = self._deadline(since)
+        deadline = time.perf_counter() + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
         # First, read what was committed since the model last ran (many rounds' tokens after a long prompt
         # read) and what the verdict will likely commit, in batches that end by the verdict's expected time:
         # a batch cannot be stopped, and one that outlasts the pass delays the next round.
@@ -281,12 +255,6 @@ class ModelDrafter:
                 if likelihood >= MIN_PATH and not self.model.is_end(token):
                     heapq.heappush(frontier, (-likelihood, sequence + (token,)))
 
-    def _deadline(self, since: float | None) -> float:
-        """The latest time (perf_counter) to start a forward during a pass that began at `since`: one forward
-        before the verdict's expected time, so that none started meanwhile delays the next round."""
-        since = time.perf_counter() if since is None else since
-        return since + ((self.round_ms or ROUND_MS_PRIOR) - (self.token_ms or 0.0)) / 1e3
-
     # --- drafting -----------------------------------------------------------------------------------
     def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
         """Is one more drafted token worth its time? It adds about `path` expected tokens to a round that
@@ -303,8 +271,6 @@ class ModelDrafter:
         """The drafter's logits after `sequence` (drafter ids), computed once per sequence."""
         key = tuple(sequence)
         if (logits := self._logits.get(key)) is None:
-            if self._interrupt is not None and self._interrupt():
-                raise _Interrupted
             start = time.perf_counter()
             logits = self._logits[key] = self.model.logits(sequence).astype(np.float64)
             if len(sequence) > len(self.context):  # a one-token forward (the first may feed the verdict's tokens)
@@ -428,14 +394,14 @@ class ModelDrafter:
         return nodes, proposals
 
     # --- the tree -----------------------------------------------------------------------------------
-    def _best_first(self, nodes: list[_Node], proposals: dict | None) -> tuple[DraftTree, np.ndarray]:
-        """Nodes by decreasing estimate (path estimates never grow downwards, so parents stay first), and
-        their raw probabilities (the calibration's input when the verdict comes)."""
+    def _best_first(self, nodes: list[_Node], proposals: dict | None) -> DraftTree:
+        """Nodes by decreasing estimate (path estimates never grow downwards, so parents stay first)."""
         order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].estimate, i))[: self.max_nodes]
         where = {old: new for new, old in enumerate(order)}
         if any(nodes[i].parent >= 0 and where.get(nodes[i].parent, len(order)) >= where[i] for i in order):
             order = list(range(min(len(nodes), self.max_nodes)))  # a tie put a child first: keep draft order
             where = {i: i for i in order}
+        self._raw = np.array([nodes[i].raw for i in order])
         tree = DraftTree(
             tokens=[nodes[i].token for i in order],
             parents=[where[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in order],
@@ -443,11 +409,7 @@ class ModelDrafter:
         )
         if proposals is not None:
             tree.proposals = {(where[p] if p >= 0 else -1): q for p, q in proposals.items() if p < 0 or p in where}
-        return tree, np.array([nodes[i].raw for i in order])
-
-
-class _Interrupted(Exception):
-    """A draft aside stopped before a forward: the verdict came first."""
+        return tree
 
 
 def _lowest_priority() -> None:

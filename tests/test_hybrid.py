@@ -27,7 +27,6 @@ class Scripted:
         self.tree = tree
         self.observed: list[tuple[DraftTree, StepResult]] = []
         self.proposed = 0
-        self.aside = 0  # drafts made aside during a pass
         self.speculated: list[int] = []  # the most forwards each speculation was allowed
 
     def begin(self, prompt_ids, params=None, read: bool = True) -> None:
@@ -43,13 +42,9 @@ class Scripted:
     def end(self) -> None:
         pass
 
-    def speculate(self, stop, steps: int = SPECULATION_STEPS, then=(), since=None) -> None:
+    def speculate(self, stop, steps: int = SPECULATION_STEPS, then=()) -> None:
         self.speculated.append(steps)
         self.read_ahead = list(then)
-
-    def draft_aside(self, stop, alongside: float = 0.0, since=None) -> DraftTree:
-        self.aside += 1
-        return self.tree
 
     def behind_ms(self) -> float:
         return 0.0
@@ -113,11 +108,6 @@ def test_a_model_proposal_survives_only_where_retrieval_proposes_nothing():
     assert len(alone.propose().proposals) == 3
 
 
-# Exploring rounds measure G where the model does not draft in sampled generations (and in greedy ones where
-# working beside the pass slows it: a machine shared with the verifier); in greedy ones on separate machines
-# the model drafts aside instead (the tests at the end). The tests of exploring run sampled generations.
-SAMPLED = SamplingParams(temperature=1.0)
-
 # A fresh hybrid measures before it decides: it drafts with the model MEASURED times (G and D; all but the
 # first round timed, R_m), then once without (R).
 MEASURED = MEASURE_ROUNDS
@@ -151,8 +141,8 @@ class TimedModel(Scripted):
         self.unread = 0
         return super().propose(alongside)
 
-    def speculate(self, stop, steps: int, then=(), since=None) -> None:
-        super().speculate(stop, steps, then, since)
+    def speculate(self, stop, steps: int, then=()) -> None:
+        super().speculate(stop, steps, then)
         self.unread = 0
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
@@ -238,7 +228,7 @@ def test_each_bucket_of_retrievals_confidence_measures_the_model_once(monkeypatc
     less_sure = DraftTree(RETRIEVAL.tokens, RETRIEVAL.parents, accept_probs=[0.6, 0.5, 0.3, 0.1])
     model = TimedModel(MODEL_ADDS, clock)
     hybrid = HybridDrafter(Sequence(*[RETRIEVAL] * 8, less_sure), model, max_nodes=64)
-    hybrid.begin([1], SAMPLED)
+    hybrid.begin([1])
     drafted = run_rounds(hybrid, model, 16, take=(10, 11, 12))
     assert drafted == [*range(MEASURED), 8]
 
@@ -253,7 +243,7 @@ def test_a_bucket_not_measured_yet_is_no_reason_for_a_model_far_behind_to_read(m
     less_sure = DraftTree(RETRIEVAL.tokens, RETRIEVAL.parents, accept_probs=[0.6, 0.5, 0.3, 0.1])
     model = TimedModel(MODEL_ADDS, clock, read_ms=25.0)
     hybrid = HybridDrafter(Sequence(*[RETRIEVAL] * 8, less_sure), model, max_nodes=64)
-    hybrid.begin([1], SAMPLED)
+    hybrid.begin([1])
     did = model_rounds(hybrid, model, 12, take=(10, 11, 12))
     assert did == ["draft"] * MEASURED + ["read"] + ["rest"] * (12 - MEASURED - 1)
 
@@ -284,7 +274,7 @@ def test_a_model_that_pays_only_with_nothing_to_read_does_not_read_beside_every_
     monkeypatch.setattr(hybrid_module, "time", clock := Clock())
     model = TimedModel(MODEL_ADDS, clock, ms=81.0, read_ms=5.0)
     hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1], SAMPLED)
+    hybrid.begin([1])
     did = model_rounds(hybrid, model, 400, take=(10, 13, 14, 15))
     after = "".join({"draft": "D", "read": "R", "rest": "."}[what] for what in did[MEASURED + 1:])
     assert "RR" not in after and after.count("D") >= len(after) * EXPLORE_SHARE * 100.0 / (3 + 5) - 2
@@ -331,17 +321,16 @@ def run_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tupl
 
 def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...],
                  reading_slows: float = 0.0, send: int | None = None) -> list[str]:
-    """As run_rounds; what the model did in each round: "draft", "read" (during the pass, without drafting; a
-    draft aside included) or "rest". `reading_slows`: by what share the pass is longer where the model works during it. `send`: the
+    """As run_rounds; what the model did in each round: "draft", "read" (during the pass, without drafting) or
+    "rest". `reading_slows`: by what share the pass is longer where the model works during it. `send`: the
     nodes the controller sends of each tree (all by default)."""
     did = []
     for _ in range(rounds):
-        proposed, worked = model.proposed, len(model.speculated) + model.aside
+        proposed, speculated = model.proposed, len(model.speculated)
         tree = hybrid.propose()
         tree = tree if send is None else tree.prefix(send)
         hybrid.speculate(lambda: True)
-        did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) + model.aside > worked
-                   else "rest")
+        did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) > speculated else "rest")
         accepted = []
         for token in take:
             parent = accepted[-1] if accepted else -1
@@ -350,9 +339,7 @@ def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tu
                 break
             accepted.append(child)
         model.clock.spend(100.0 * (1.0 + (reading_slows if did[-1] != "rest" else 0.0)))
-        bonus = take[len(accepted)] if len(accepted) < len(take) else 99  # the text goes on as `take` says
-        tokens = [*take[: len(accepted)], bonus]
-        hybrid.observe(tree, StepResult(tokens=tokens, accepted=accepted, compute_ms=100.0))
+        hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], 99], accepted=accepted, compute_ms=100.0))
     return did
 
 
@@ -367,7 +354,7 @@ def test_exploring_where_the_model_does_not_pay_costs_a_bounded_share_of_the_tim
     monkeypatch.setattr(hybrid_module, "time", clock := Clock())
     model = TimedModel(MODEL_ADDS, clock, model_ms)
     hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1], SAMPLED)
+    hybrid.begin([1])
     rounds = 1000
     did = model_rounds(hybrid, model, rounds, take=(10, 11, 12))
     drafted = [r for r, what in enumerate(did) if what == "draft"]
@@ -393,7 +380,7 @@ def test_exploring_after_a_rest_pays_for_reading_what_the_model_missed(monkeypat
     for reading_slows in (0.0, 0.2):
         model = TimedModel(MODEL_ADDS, clock, 10.0, read_ms=read_ms)
         hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-        hybrid.begin([1], SAMPLED)
+        hybrid.begin([1])
         did = model_rounds(hybrid, model, 1000, take=(10, 11, 12), reading_slows=reading_slows)
         assert did[: MEASURED + 1] == ["draft"] * MEASURED + ["read"]  # the last times R without the model
         after = "".join({"draft": "D", "read": "R", "rest": "."}[what] for what in did[MEASURED + 1:])
@@ -485,60 +472,3 @@ def test_rounds_after_the_model_led_keep_figures_of_their_own(monkeypatch, split
         assert all(after_none) and sum(after_lead) <= len(after_lead) / 4
     else:
         assert sum(after_none) < len(after_none) / 2
-
-
-@pytest.mark.parametrize("reading_slows", [0.0, 0.2])
-def test_a_greedy_generation_on_separate_machines_drafts_aside_instead_of_exploring(monkeypatch, reading_slows):
-    """Where the model does not pay (retrieval's 10-11-12 is right), a sampled generation explores (above). A
-    greedy one, once working beside the pass is measured to cost nothing (a round the model read in and the
-    next, in which it rested: edge and verifier on separate machines), no longer spends rounds on it: the
-    model drafts aside during every pass, and the committed text says what its draft would have added. Where
-    reading slows the pass (one machine shared with the verifier: by 20% here), it explores as before."""
-    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TimedModel(MODEL_ADDS, clock, ms=10.0)
-    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1])
-    rounds = 400
-    did = model_rounds(hybrid, model, rounds, take=(10, 11, 12), reading_slows=reading_slows)
-    assert did[: MEASURED + 2] == ["draft"] * MEASURED + ["read", "rest"]  # measuring; the pair's rounds
-    if reading_slows:
-        assert model.aside == 0 and did.count("draft") > MEASURED + 5
-    else:
-        assert did[MEASURED + 2:] == ["read"] * (rounds - MEASURED - 2)
-        assert model.aside == rounds - MEASURED - 2
-
-
-def test_drafts_aside_tell_the_hybrid_when_the_model_starts_to_pay(monkeypatch):
-    """Separate machines, a greedy generation. For 40 rounds retrieval's 10-11-12 is right and the model, which
-    drafts 10-13-14-15 in 10 ms, adds nothing: it drafts only while measuring. Then the text becomes 10-13-14-
-    15: each draft aside is judged by it (13 beyond retrieval's 10: G = 1, which pays at 10 ms a draft once the
-    model's level has caught up), and within a few rounds the model drafts again, then in every round."""
-    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TimedModel(MODEL_ADDS, clock, ms=10.0)
-    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1])
-    assert model_rounds(hybrid, model, 40, take=(10, 11, 12)).count("draft") == MEASURED
-    after = model_rounds(hybrid, model, 20, take=(10, 13, 14, 15))
-    assert "draft" in after[:5] and after[5:] == ["draft"] * 15
-
-
-def test_a_draft_aside_deeper_than_its_verdict_is_judged_by_the_text_committed_after_it(monkeypatch):
-    """The verdict on retrieval's tree commits 10 and the bonus 13; the model's draft aside, 10-13-14-15, goes
-    two tokens deeper than that text. It is judged once the next verdicts have committed 14 and 15: the model
-    would have added three tokens beyond retrieval's one. (A generation that ends first judges it by the
-    text it has.)"""
-    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TimedModel(MODEL_ADDS, clock, ms=50.0)
-    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
-    hybrid.begin([1])
-    model_rounds(hybrid, model, MEASURED + 2, take=(10, 11, 12))  # measured, reading costs nothing
-    gains = []
-    monkeypatch.setattr(hybrid, "_learn_gain", lambda bucket, gain, forget: gains.append(gain))
-    for tokens, accepted in (([10, 13], [0]), ([14], []), ([15], [])):
-        tree = hybrid.propose()
-        hybrid.speculate(lambda: False)
-        clock.spend(100.0)
-        hybrid.observe(tree, StepResult(tokens=tokens, accepted=accepted, compute_ms=100.0))
-    assert model.aside == 3 and gains == [3]  # the second and third drafts aside wait for more text
-    hybrid.end()
-    assert gains == [3, 0, 0]  # the text after the others, 14-15 and 15, does not begin with the model's 10

@@ -175,31 +175,6 @@ def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(re
         assert drafter._unread() == 0 and drafter.behind_ms() == 0
 
 
-@pytest.mark.parametrize("drafter_name", ["model:gemma3-270m", "model:smollm2-135m"])
-def test_a_draft_aside_is_the_draft_propose_would_make_and_a_verdict_first_leaves_none(real_model, drafter_name):
-    """During a pass the hybrid may have the model draft aside, to judge by the committed text what it would
-    have added (same vocabulary, and across vocabularies by SLEM): that draft is the one propose() makes
-    next from the same context, and it leaves what the verdict's calibration reads (the last proposed
-    tree's raw probabilities) alone. A verdict that comes first stops it between forwards: no draft."""
-    hf, tokenizer = real_model("gemma3-270m")
-    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
-    drafter = make_drafter(drafter_name, tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
-    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
-    assert drafter.ready(timeout=60)
-    drafter.round_ms = 600_000.0  # the verdict is the only stop, whatever the host's speed
-    raw = drafter._raw.copy()
-    calls = iter([False, True])  # the verdict comes after the first forward
-    assert drafter.draft_aside(stop=lambda: next(calls, True)) is None
-    aside = drafter.draft_aside(stop=lambda: False, alongside=1.5)
-    assert len(aside) > 0 and np.array_equal(drafter._raw, raw)
-    drafter._logits.clear()  # the draft's logits computed afresh: the same draft
-    assert drafter.propose(alongside=1.5) == aside
-    greedy = SamplingParams()
-    drafter.params = SamplingParams(temperature=0.8)
-    assert drafter.draft_aside(stop=lambda: False) is None  # a sampled draft cannot be judged by the text
-    drafter.params = greedy
-
-
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
     """The target's exact p(x1) and, for its `firsts` most likely x1, p(x1, x2)."""
     with torch.inference_mode():
