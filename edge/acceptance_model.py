@@ -1,7 +1,7 @@
 """How likely the verifier is to accept a draft node, learned online from the verifier's answers.
 
 A node is *reached* when its parent was accepted (the root's children always are; in a greedy generation
-every node drafted is judged, sent or not: edge/calibration.py, `judged`). Among reached nodes,
+every node drafted is judged, sent or not: edge/calibration.py, `judged_by_text`). Among reached nodes,
 the acceptance rate is tracked per cell of (source, match-length bucket, share bucket), with a prior of
 `share * BASE[match bucket]` worth PRIOR_WEIGHT observations, so a fresh model is cautious and every answer
 sharpens it. This is what lets the controller skip drafting where matches are weak.

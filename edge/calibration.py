@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 
 from specedge.common.draft_tree import DraftTree
-from specedge.common.session import StepResult
 from specedge.edge.generation_shift import GenerationShift
 
 EDGES = np.linspace(0.0, 1.0, 11)[1:-1]  # ten buckets of raw probability
@@ -54,16 +53,6 @@ def reached_and_accepted(parents: list[int], accepted_nodes: list[int]) -> tuple
     accepted[np.asarray(accepted_nodes, dtype=np.int64) + 1] = True
     reached = accepted[np.asarray(parents, dtype=np.int64) + 1]
     return reached, accepted[1:]
-
-
-def judged(tree: DraftTree, result: StepResult, greedy: bool) -> tuple[DraftTree, np.ndarray, np.ndarray]:
-    """The nodes a verdict on `tree` judges, and which of them were reached and accepted: in a greedy
-    generation every node of the draft it was cut from, sent or not (by the committed text, see
-    judged_by_text), otherwise the nodes sent."""
-    if greedy:
-        whole = tree.drafted if tree.drafted is not None else tree
-        return (whole, *judged_by_text(whole, result.tokens))
-    return (tree, *reached_and_accepted(tree.parents, result.accepted))
 
 
 def judged_by_text(tree: DraftTree, committed: list[int]) -> tuple[np.ndarray, np.ndarray]:

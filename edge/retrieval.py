@@ -15,7 +15,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.acceptance_model import AcceptanceModel
-from specedge.edge.calibration import judged, reached_and_accepted
+from specedge.edge.calibration import judged_by_text, reached_and_accepted
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
 from specedge.edge.recycling import CONTEXT, Recycler
@@ -51,7 +51,7 @@ class RetrievalDrafter:
         # (source: retrieval, table, both); for reports, nothing reads it here.
         self.verdicts_by_source: dict[tuple[str, int], list[int]] = {}
         self._sent: deque[int] = deque(maxlen=SENT_WINDOW)  # nodes sent in the last rounds
-        self._greedy = True  # the verdicts judge unsent nodes too (edge/calibration.py, judged)
+        self._greedy = True  # the verdicts judge unsent nodes too (edge/calibration.py, judged_by_text)
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self.index = ContextIndex(prompt_ids)
@@ -102,14 +102,18 @@ class RetrievalDrafter:
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         self._sent.append(len(tree))
-        nodes, reached, accepted = judged(tree, result, self._greedy)
+        reached, accepted = reached_and_accepted(tree.parents, result.accepted)  # the verdict on the nodes sent
+        if self._greedy:  # the committed text judges every node drafted, sent or not (judged_by_text)
+            nodes = tree.drafted if tree.drafted is not None else tree
+            was_reached, was_accepted = judged_by_text(nodes, result.tokens)
+        else:
+            nodes, was_reached, was_accepted = tree, reached, accepted
         if nodes.notes:  # (a tree not drafted here has no notes to learn by)
             cells = np.array([cell for cell, _, _ in nodes.notes], dtype=np.int64)
             priors = np.array([prior for _, prior, _ in nodes.notes])
-            mine = reached & (cells >= 0)
-            self.model.update(cells[mine], priors[mine], accepted[mine])
+            mine = was_reached & (cells >= 0)
+            self.model.update(cells[mine], priors[mine], was_accepted[mine])
         if len(tree) and tree.notes is not None:  # what was sent: for the recycling table and the reports
-            reached, accepted = reached_and_accepted(tree.parents, result.accepted)
             cells = np.array([cell for cell, _, _ in tree.notes], dtype=np.int64)
             table_notes = None if tree.notes[0][2] is None else [note for _, _, note in tree.notes]
             tabled = self.recycler.observe(table_notes, reached, accepted) if self.recycler is not None else None
