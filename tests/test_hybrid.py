@@ -472,3 +472,43 @@ def test_rounds_after_the_model_led_keep_figures_of_their_own(monkeypatch, split
         assert all(after_none) and sum(after_lead) <= len(after_lead) / 4
     else:
         assert sum(after_none) < len(after_none) / 2
+
+
+def test_rounds_chosen_for_a_lucky_estimate_teach_the_hybrid_to_expect_less(monkeypatch):
+    """The text follows the model's 13-14-15 in every third round and retrieval's 10-11-12 in the others: a
+    round with the model adds 1 token on average, and at 50 ms a draft it would need 1.8 to pay ((3.6 + G) /
+    150 ms against 3.6 / 100 ms). After a round in which the model added 3, G's estimate clears the bar and
+    the next round drafts, but the next round is never one of the model's: the rounds chosen realise much less
+    than was expected of them. Scaled by what chosen rounds realised of their estimate, the hybrid drafts in
+    far fewer rounds and commits more tokens per ms than with the scaling off, which keeps chasing."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+
+    def run() -> tuple[int, float]:
+        clock.now = 0.0
+        model = TimedModel(MODEL_ADDS, clock, ms=50.0)
+        hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+        hybrid.begin([1])
+        tokens = 0
+        for r in range(600):
+            take = (10, 13, 14, 15) if r % 3 == 0 else (10, 11, 12)
+            tree = hybrid.propose()
+            hybrid.speculate(lambda: True)
+            accepted = []
+            for token in take:
+                parent = accepted[-1] if accepted else -1
+                child = next((c for c in tree.children()[parent + 1] if tree.tokens[c] == token), None)
+                if child is None:
+                    break
+                accepted.append(child)
+            clock.spend(100.0)
+            bonus = take[len(accepted)] if len(accepted) < len(take) else 99
+            hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], bonus], accepted=accepted,
+                                            compute_ms=100.0))
+            tokens += len(accepted) + 1
+        return model.proposed, tokens / clock.now
+
+    drafted, rate = run()
+    monkeypatch.setattr(hybrid_module, "FORGET_CHOSEN", 1.0)
+    monkeypatch.setattr(hybrid_module, "CHOSEN_PRIOR", 1e9)  # the ratio stays 1
+    drafted_unscaled, rate_unscaled = run()
+    assert drafted < 0.7 * drafted_unscaled and rate > rate_unscaled
