@@ -86,8 +86,6 @@ PRIOR_ROUNDS = 1.0  # weight of a fresh bucket's shape (1: G is the level), in r
 ALL = -1  # the row of the figures for all buckets together
 FORGET = 0.8  # per measured round: the level is a mean over roughly the last 1 / (1 - FORGET) of them
 FORGET_SHAPE = 0.95  # per round measured in a bucket: its shape, a ratio over roughly the last 20 of them
-FORGET_CHOSEN = 0.9  # per round drafted because the model paid: the ratio below over roughly the last 10
-CHOSEN_PRIOR = 1.0  # tokens of realised and of expected G a fresh hybrid believes in (a ratio of 1)
 SHAPE_FLOOR = 0.2  # where a bucket's shape is smaller, one round's G there counts as G / SHAPE_FLOOR of level
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
@@ -122,9 +120,6 @@ class HybridDrafter:
         self._model_read = False  # the model read (or drafted) during this round's pass
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
         self._model_rounds = 0  # rounds the model drafted in
-        # Rounds drafted because the model paid: decayed sums of the G realised and of the G expected
-        self._chosen = np.array([CHOSEN_PRIOR, CHOSEN_PRIOR])
-        self._chosen_for: float | None = None  # this round's expected G, when it drafts because the model pays
 
     @property
     def hints_top_k(self) -> int:
@@ -161,10 +156,7 @@ class HybridDrafter:
         if np.isnan(with_model):
             with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
         with_model = max(with_model, without)
-        # The rounds chosen for a high estimate realise less than it where the model is near the bar (a lucky
-        # estimate is what clears it): G is scaled by what such rounds realised of their estimate lately.
-        expected_gain = self._gain_in(b)
-        gain = expected_gain * self._chosen[0] / self._chosen[1]
+        gain = self._gain_in(b)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
         loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
@@ -173,7 +165,6 @@ class HybridDrafter:
         # it does with that forward to pay: otherwise its rounds would read beside every pass and never draft.
         pays = loss + (self.sources[1].token_ms or 0.0) < 0
         if loss + behind_ms < 0:
-            self._chosen_for = expected_gain
             return DRAFT, pays
         if not self._shape[b, 2] and behind_ms <= self.model_ms:
             return DRAFT, pays  # G differs most between buckets: each measures it once where that is cheap
@@ -251,7 +242,6 @@ class HybridDrafter:
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
-        self._chosen_for = None
         self._mode = self._model_round(expected, behind_ms)
         self._model_read = self._mode != REST or model.reading  # speculate() may start it reading
         if self._mode == DRAFT:
@@ -322,8 +312,6 @@ class HybridDrafter:
             by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
                                 len(accepted_merged))
             gain = len(accepted_merged) - by_retrieval
-            if self._chosen_for is not None:
-                self._chosen = FORGET_CHOSEN * self._chosen + (gain, self._chosen_for)
             self._learn_gain(b, gain)
             # The model led: it added tokens and the verdict ended where the tree did, not at a rejection.
             # Retrieval's estimate says little of what the model adds after such a round (a repeated
