@@ -215,11 +215,16 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
                                         hf.config.head_dim, dtype)
     engine = Engine.from_hf_model(hf, kv_pool_bytes=runner_tokens * per_token, device=device, dtype=dtype)
     result = {"shape": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-              "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1)}
+              "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1), "compiled": False}
+    if args.compile and hasattr(engine.runner, "compile"):
+        engine.runner.compile()  # compiled at the first steps of each new shape (timed apart below)
+        result["compiled"] = True
 
     prompt = [rng.randrange(3, engine.vocab_size) for _ in range(128)]
     graphs = engine.graphs
-    engine_decode(engine, prompt, 8), hf_decode(hf, prompt, 8)  # warm-up (kernels, allocator)
+    start = time.perf_counter()
+    engine_decode(engine, prompt, 8), hf_decode(hf, prompt, 8)  # warm-up (kernels, allocator, compiling)
+    result["warmup_s"] = time.perf_counter() - start
     runs = {"engine_eager": [], "engine": [], "hf": []}
     for _ in range(args.decode_reps):  # interleaved
         if graphs:
@@ -291,6 +296,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--compile", action="store_true", help="torch.compile each layer's dense parts (Llama shapes)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few sessions, short contexts")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()

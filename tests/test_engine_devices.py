@@ -104,6 +104,19 @@ def test_bfloat16_speculation_changes_no_greedy_token(arch, device):
         assert greedy_decode(engine, prompts, NEW_TOKENS, guide=plain, seed=seed) == plain
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")
+def test_compiled_layers_keep_greedy_output_equal_to_transformers_generate():
+    hf = tiny("llama").to("cuda")
+    prompts = prompts_for(hf.config.vocab_size)
+    want = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=8 << 20, block_size=4, device="cuda", dtype=torch.float32)
+    engine.runner.compile()
+    assert greedy_decode(engine, prompts, NEW_TOKENS) == want
+    assert greedy_decode(engine, prompts, NEW_TOKENS, guide=want) == want
+    assert engine.graphs.enabled and engine.graphs.graphs, "compiled layers must be capturable in CUDA graphs"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_hints_on_a_device_are_the_cpus(device):
     """Off the CPU the hints are computed where the logits lie, the sessions' rows together; they name the

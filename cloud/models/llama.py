@@ -61,22 +61,54 @@ class LlamaRunner:
             )
             for l in m.layers
         ]
+        self._attention_inputs, self._mlp_residual = attention_inputs, mlp_residual
+        self._weight = lambda linear: linear
+
+    def compile(self) -> None:
+        """Run each layer's dense parts (norms, projections, RoPE, SwiGLU, residuals) through `torch.compile`,
+        which fuses their elementwise kernels; attention and the KV pool's writes stay as they are. Meant for
+        CUDA, where a small pass is dozens of tiny kernels per layer (BENCHMARKS.md section 9); on the CPU the
+        oneDNN-packed weights are used and nothing is compiled."""
+        if self.lm_head.packed:
+            return
+        self._attention_inputs = torch.compile(attention_inputs, dynamic=True, fullgraph=True)
+        self._mlp_residual = torch.compile(mlp_residual, dynamic=True, fullgraph=True)
+        self._weight = lambda linear: linear.weight  # tensors, not Linear objects: one compiled graph for all layers
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
         """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = rope_cos_sin(batch.positions, self.head_dim, self.rope_base, x.dtype)
-        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        w = self._weight
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, self.eps)
-            q, k, v = layer.wqkv(h).split([nq, nkv, nkv], dim=-1)
-            q = apply_rope(q.view(-1, self.num_heads, self.head_dim), cos, sin)
-            k = apply_rope(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
-            v = v.view(-1, self.num_kv_heads, self.head_dim)
-            x = x + layer.wo(paged_attention(q, k, v, i, pool, batch, self.scale))
-            h = rms_norm(x, layer.mlp_norm, self.eps)
-            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)
-            x = x + layer.w_down(F.silu(gate) * up)
+            q, k, v = self._attention_inputs(x, layer.attn_norm, w(layer.wqkv), cos, sin, self.eps, self.num_heads,
+                                             self.num_kv_heads, self.head_dim)
+            attn = paged_attention(q, k, v, i, pool, batch, self.scale)
+            x = self._mlp_residual(x, attn, w(layer.wo), layer.mlp_norm, w(layer.w_gate_up), w(layer.w_down),
+                                   self.eps)
         x = rms_norm(x[logits_rows], self.norm, self.eps)
         return self.lm_head(x)
+
+
+def _linear(x: torch.Tensor, weight: Linear | torch.Tensor) -> torch.Tensor:
+    return weight(x) if isinstance(weight, Linear) else F.linear(x, weight)
+
+
+def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: Linear | torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, eps: float, heads: int, kv_heads: int, head_dim: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's queries, keys and values for x [T, hidden]: normed, projected, RoPE applied to q and k."""
+    h = rms_norm(x, norm, eps)
+    q, k, v = _linear(h, wqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = apply_rope(q.view(-1, heads, head_dim), cos, sin)
+    k = apply_rope(k.view(-1, kv_heads, head_dim), cos, sin)
+    return q, k, v.view(-1, kv_heads, head_dim)
+
+
+def mlp_residual(x: torch.Tensor, attn: torch.Tensor, wo: Linear | torch.Tensor, norm: torch.Tensor,
+                 w_gate_up: Linear | torch.Tensor, w_down: Linear | torch.Tensor, eps: float) -> torch.Tensor:
+    """The rest of a layer after attention: output projection and residual, then the SwiGLU MLP and residual."""
+    x = x + _linear(attn, wo)
+    gate, up = _linear(rms_norm(x, norm, eps), w_gate_up).chunk(2, dim=-1)
+    return x + _linear(F.silu(gate) * up, w_down)
