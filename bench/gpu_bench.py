@@ -213,12 +213,10 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
     runner_tokens = most * (args.contexts[0] + 3 * args.reps + 64) + 2 * (max(args.contexts) + 512)
     per_token = KVBlockPool.block_bytes(1, hf.config.num_hidden_layers, hf.config.num_key_value_heads,
                                         hf.config.head_dim, dtype)
-    engine = Engine.from_hf_model(hf, kv_pool_bytes=runner_tokens * per_token, device=device, dtype=dtype)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=runner_tokens * per_token, device=device, dtype=dtype,
+                                  compile_layers=args.compile)  # compiled at the first steps (warmup_s below)
     result = {"shape": name, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-              "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1), "compiled": False}
-    if args.compile and hasattr(engine.runner, "compile"):
-        engine.runner.compile()  # compiled at the first steps of each new shape (timed apart below)
-        result["compiled"] = True
+              "params_m": round(sum(p.numel() for p in hf.parameters()) / 1e6, 1), "compiled": engine.compiled}
 
     prompt = [rng.randrange(3, engine.vocab_size) for _ in range(128)]
     graphs = engine.graphs

@@ -15,12 +15,12 @@ for part in __init__.py bench cli cloud common edge netem; do ln -sfn "$PWD/$par
 ln -sfn "$PWD/protos/gen" "$PKG/protos"
 export PYTHONPATH=/tmp/site:/tmp/pkg
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
-timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_engine_devices.py \
+[ "${TESTS:-1}" = 1 ] && timeout 150 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_engine_devices.py \
     tests/test_engine_parity.py > "$OUT/cuda-tests.log" 2>&1
 echo "cuda tests: exit $?"; tail -3 "$OUT/cuda-tests.log"
 ARGS="--contexts 512 --sessions 1,16 --hints 0 --decode-reps 1 --reps 10"
 for shape in ${SHAPES:-smollm2-135m llama-8b}; do
-    for mode in base compiled; do
+    for mode in ${MODES:-base compiled}; do
         flag=""; [ "$mode" = compiled ] && flag=--compile
         # shellcheck disable=SC2086
         timeout 200 python3 bench/gpu_bench.py --shapes "$shape" $ARGS $flag --out "$OUT/$mode-$shape.json" \

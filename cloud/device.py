@@ -1,10 +1,12 @@
-"""Where a verifier's engine runs (`--device`) and in which number format (`--dtype`)."""
+"""Where a verifier's engine runs (`--device`), in which number format (`--dtype`), and whether its layers are
+compiled (`--compile`)."""
 
 from __future__ import annotations
 
 import torch
 
 DEVICES = ("auto", "cpu", "cuda")
+COMPILE = ("auto", "on", "off")
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -23,3 +25,11 @@ def engine_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.devi
                          "False; a CPU-only torch build, or no driver); use --device cpu")
     chosen = DTYPES[dtype] or (torch.bfloat16 if device == "cuda" else torch.float32)
     return torch.device(device), chosen
+
+
+def compile_layers(setting: str, device: torch.device) -> bool:
+    """Whether `--compile` compiles the layers' dense parts. auto: on a GPU, where it makes every pass ~20%
+    cheaper (BENCHMARKS.md section 9, run 9); not on the CPU, whose oneDNN-packed matrix kernels it cannot use."""
+    if setting not in COMPILE:
+        raise ValueError(f"--compile {setting!r}: expected one of {', '.join(COMPILE)}")
+    return setting == "on" or (setting == "auto" and device.type == "cuda")

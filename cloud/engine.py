@@ -54,19 +54,24 @@ class Engine:
         # Sessions' hints from one top-k over all their rows: off the CPU (one transfer instead of one per
         # session); on the CPU each session's rows are read where they are, without copying them together.
         self.batch_hints = self.device.type != "cpu"
+        self.compiled = False  # the runner's layers through torch.compile (from_hf_model's compile_layers)
         self._ids = itertools.count()
 
     @classmethod
     def from_hf_model(cls, hf_model, kv_pool_bytes: int, block_size: int = 16, device: str | torch.device = "cpu",
-                      dtype: torch.dtype | None = None) -> "Engine":
-        """The engine of `hf_model` moved to `device` (and cast to `dtype`, None = as it is), KV pool included."""
+                      dtype: torch.dtype | None = None, compile_layers: bool = False) -> "Engine":
+        """The engine of `hf_model` moved to `device` (and cast to `dtype`, None = as it is), KV pool included;
+        `compile_layers`: its layers' dense parts through torch.compile where the runner can (Llama, off the CPU)."""
         hf_model.to(device=device, dtype=dtype)
         runner = build_runner(hf_model)
+        compiled = compile_layers and hasattr(runner, "compile") and runner.compile()
         pool = KVBlockPool(
             kv_pool_bytes, block_size, runner.num_layers, runner.num_kv_heads, runner.head_dim,
             dtype=runner.embed.dtype, device=runner.embed.device,
         )
-        return cls(runner, pool)
+        engine = cls(runner, pool)
+        engine.compiled = compiled
+        return engine
 
     def add_sequence(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> Sequence:
         if not prompt_ids:

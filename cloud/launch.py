@@ -23,7 +23,7 @@ import grpc
 import torch
 
 from specedge.cloud.config import ServerConfig
-from specedge.cloud.device import engine_device
+from specedge.cloud.device import compile_layers, engine_device
 from specedge.cloud.engine import Engine
 from specedge.cloud.model_registry import eos_token_ids, load_model
 from specedge.cloud.server import RunningServer, start_server
@@ -42,11 +42,14 @@ def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedMode
     if config.threads:
         torch.set_num_threads(config.threads)
     device, dtype = engine_device(config.device, config.dtype)  # a wrong flag fails before the model loads
+    compiled = compile_layers(config.compile, device)
     hf, tokenizer = hf_and_tokenizer or load_model(config.model)
-    engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20, device=device, dtype=dtype)
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20, device=device, dtype=dtype,
+                                  compile_layers=compiled)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     logging.getLogger("specedge.server").info(json.dumps({"event": "engine", "device": where,
-                                                          "dtype": str(dtype).removeprefix("torch.")}))
+                                                          "dtype": str(dtype).removeprefix("torch."),
+                                                          "compiled": engine.compiled}))
     if tokenizer is None:
         return ServedModel(engine, eos_token_ids(hf), "no-tokenizer")
     fingerprint = tokenizer_fingerprint(tokenizer.get_vocab(), tokenizer.special_tokens_map)

@@ -14,8 +14,9 @@ import random
 import pytest
 import torch
 
-from specedge.cloud.device import engine_device
+from specedge.cloud.device import compile_layers, engine_device
 from specedge.cloud.engine import Engine
+from specedge.cloud.models.compiled import compiled_or_eager
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from tiny_models import DEVICES, tiny_gemma3, tiny_llama
@@ -169,3 +170,39 @@ def test_cuda_without_a_gpu_and_unknown_names_are_refused_with_what_to_use():
         engine_device("tpu")
     with pytest.raises(ValueError, match="--dtype 'fp8': expected one of auto, float32, bfloat16, float16"):
         engine_device("cpu", "fp8")
+
+
+def test_compiling_is_on_by_default_only_on_a_gpu_and_unknown_settings_are_refused():
+    assert compile_layers("auto", torch.device("cuda")) and not compile_layers("auto", torch.device("cpu"))
+    assert compile_layers("on", torch.device("cpu")) and not compile_layers("off", torch.device("cuda"))
+    with pytest.raises(ValueError, match="--compile 'yes': expected one of auto, on, off"):
+        compile_layers("yes", torch.device("cpu"))
+
+
+def test_the_cpus_packed_float32_layers_are_not_compiled():
+    engine = Engine.from_hf_model(tiny("llama"), kv_pool_bytes=8 << 20, block_size=4, compile_layers=True)
+    assert not engine.compiled
+
+
+def test_a_function_that_cannot_be_compiled_runs_eagerly_with_a_warning(caplog):
+    def data_dependent(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 if x.sum().item() > 0 else x - 1  # a graph break, which fullgraph compiling refuses
+
+    call = compiled_or_eager(data_dependent)
+    x = torch.ones(3)
+    with caplog.at_level("WARNING"):
+        assert torch.equal(call(x), x + 1) and torch.equal(call(-x), -x - 1)
+    assert [r.message.count("runs eagerly from now on") for r in caplog.records] == [1]
+
+
+def test_compiled_layers_compute_what_the_plain_ones_do_on_the_cpu(caplog):
+    """CI has no GPU: the compiled path's arithmetic is checked here, in float64 (whose weights the CPU does not
+    pack, so they are compiled), against transformers' greedy output; on CUDA the test above does the same."""
+    hf = tiny("llama").to(torch.float64)
+    prompts = prompts_for(hf.config.vocab_size)[:2]
+    want = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    engine = Engine.from_hf_model(hf, kv_pool_bytes=8 << 20, block_size=4, compile_layers=True)
+    assert engine.compiled
+    with caplog.at_level("WARNING"):
+        assert greedy_decode(engine, prompts, NEW_TOKENS, guide=want) == want
+    assert not [r for r in caplog.records if "runs eagerly" in r.message], "it must have run compiled"

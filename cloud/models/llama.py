@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear
+from specedge.cloud.models.compiled import compiled_or_eager
 
 
 @dataclass
@@ -64,16 +65,17 @@ class LlamaRunner:
         self._attention_inputs, self._mlp_residual = attention_inputs, mlp_residual
         self._weight = lambda linear: linear
 
-    def compile(self) -> None:
+    def compile(self) -> bool:
         """Run each layer's dense parts (norms, projections, RoPE, SwiGLU, residuals) through `torch.compile`,
         which fuses their elementwise kernels; attention and the KV pool's writes stay as they are. Meant for
         CUDA, where a small pass is dozens of tiny kernels per layer (BENCHMARKS.md section 9); on the CPU the
-        oneDNN-packed weights are used and nothing is compiled."""
+        oneDNN-packed weights are used and nothing is compiled. Returns whether it compiled."""
         if self.lm_head.packed:
-            return
-        self._attention_inputs = torch.compile(attention_inputs, dynamic=True, fullgraph=True)
-        self._mlp_residual = torch.compile(mlp_residual, dynamic=True, fullgraph=True)
+            return False
+        self._attention_inputs = compiled_or_eager(attention_inputs)
+        self._mlp_residual = compiled_or_eager(mlp_residual)
         self._weight = lambda linear: linear.weight  # tensors, not Linear objects: one compiled graph for all layers
+        return True
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
