@@ -100,7 +100,7 @@ class HybridDrafter:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
         self._drafts: tuple[DraftTree, ...] = ()
-        self._merged: list[_Merged] = []
+        self._merged: list[_Merged] | None = []  # None: this round sent retrieval's tree as it is
         # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
         # all of them together (ALL)
         rows = 2 * BUCKETS + 1
@@ -251,6 +251,10 @@ class HybridDrafter:
                 ms = (time.perf_counter() - start) * 1e3 - behind_ms
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         self._drafts = (retrieved, drafted)
+        self._sent_at = time.perf_counter()
+        if self._mode == REST and len(retrieved) <= self.max_nodes:
+            self._merged = None  # retrieval's tree goes as it is (observe passes its verdict straight on)
+            return retrieved
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
         self._retrieval_at_root = False
@@ -281,7 +285,6 @@ class HybridDrafter:
         tree = DraftTree([n.token for n in self._merged], [n.parent for n in self._merged],
                          accept_probs=[n.estimate for n in self._merged])
         tree.proposals = self._proposals(tree) or None
-        self._sent_at = time.perf_counter()
         return tree
 
     def _proposals(self, tree: DraftTree) -> dict[int, tuple[list[int], list[float]]]:
@@ -329,6 +332,12 @@ class HybridDrafter:
         self._first_round = False
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)
+        if self._merged is None:  # a resting round: the tree was retrieval's own
+            retrieval, model = self.sources
+            retrieval.observe(tree, result)
+            model.observe(DraftTree.empty(), StepResult(result.tokens, [], result.compute_ms, result.queue_ms,
+                                                        result.rtt_ms, result.next_max_tree_tokens))
+            return
         for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
             # The longest prefix of this source's draft that was sent whole.
             merged_of = {i: k for k, n in enumerate(self._merged[:sent]) for s, i in n.where.items() if s == number}

@@ -71,7 +71,9 @@ class ModelDrafter:
         self.calibration = Calibration()  # kept across generations: the edge keeps learning
         self.rng = np.random.default_rng(seed)
         self.params = SamplingParams()
-        self.context: list[int] = []
+        self._context: list[int] = []
+        self._uncommitted: list[int] = []  # target ids observed but not yet given to the bridge (see context)
+        self._ids_per_target = 1.0  # drafter ids per committed target id, lately (behind_ms's estimate)
         self._raw = np.zeros(0)
         self._logits: dict[tuple[int, ...], np.ndarray] = {}  # drafter ids -> the next-token logits after them
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
@@ -91,7 +93,7 @@ class ModelDrafter:
         # generation begins (waiting here cost ~150 ms a generation); the model is not used until it has.
         self._stop_reader(wait=False)
         self.params = params or SamplingParams()
-        self.context = self.bridge.begin(prompt_ids)
+        self._context, self._uncommitted = self.bridge.begin(prompt_ids), []
         self.calibration.generation.begin()
         self._logits.clear()
         self._prefilled = False
@@ -176,13 +178,26 @@ class ModelDrafter:
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
             raw = self._raw[: len(tree)]
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
-        self.context = self.bridge.commit(result.tokens)
-        known = tuple(self.context)
-        self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
+        self._uncommitted += result.tokens
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
             ms = result.compute_ms + result.queue_ms + result.rtt_ms
             self.round_ms = moving_average(self.round_ms, ms)
         self._prefilled = True
+
+    @property
+    def context(self) -> list[int]:
+        """The drafter's ids for the committed text. observe() only notes the verdict's tokens: the bridge
+        re-tokenises them (a cross-vocabulary one costs ~0.3 ms a round) when the context is next wanted, so a
+        hybrid's resting model costs its rounds nothing and catches up on many rounds at once."""
+        if self._uncommitted:
+            before = len(self._context)
+            self._context = self.bridge.commit(self._uncommitted)
+            self._ids_per_target = moving_average(self._ids_per_target,
+                                                  (len(self._context) - before) / len(self._uncommitted))
+            self._uncommitted = []
+            known = tuple(self._context)
+            self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
+        return self._context
 
     def end(self) -> None:
         self._stop_reader(wait=False)  # the rest of this prompt is of no use to the next
@@ -192,7 +207,15 @@ class ModelDrafter:
         """The time a draft now would spend reading committed text first (what it did not read ahead during
         the pass, such as the verdict's tokens beyond those it expected); 0 while the prompt is still being
         read in the background (no draft comes then)."""
-        if self.reading or not (unread := self._unread()):
+        if self.reading:
+            return 0.0
+        if self._uncommitted and len(self.model.tokens) <= len(self._context):
+            # The model read nothing past the committed text: what observe() noted since is all unread, counted
+            # in drafter ids at the recent rate (asking must not cost the re-tokenising that context does)
+            unread = self._unread(self._context) + round(len(self._uncommitted) * self._ids_per_target)
+        else:
+            unread = self._unread()
+        if not unread:
             return 0.0
         one_forward = self.token_ms or 0.0
         return max(one_forward, unread * (self.read_ms or one_forward))

@@ -248,6 +248,23 @@ def test_a_bucket_not_measured_yet_is_no_reason_for_a_model_far_behind_to_read(m
     assert did == ["draft"] * MEASURED + ["read"] + ["rest"] * (12 - MEASURED - 1)
 
 
+def test_a_resting_round_is_retrievals_alone_and_the_model_hears_only_the_committed_tokens(monkeypatch):
+    """Where the model rests the round costs what retrieval alone would: its tree goes as it is, without a
+    merge, and its verdict reaches retrieval as sent; the model is told only what was committed."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    retrieval, model = Scripted(RETRIEVAL), TimedModel(MODEL_ADDS, clock, read_ms=25.0)
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    assert model_rounds(hybrid, model, MEASURED + 3, take=(10, 11, 12))[-1] == "rest"
+    tree = hybrid.propose()
+    assert tree is RETRIEVAL and model.proposed == MEASURED
+    result = StepResult(tokens=[10, 11, 99], accepted=[0, 1], compute_ms=100.0)
+    hybrid.observe(tree, result)
+    assert retrieval.observed[-1] == (RETRIEVAL, result)
+    told_tree, told = model.observed[-1]
+    assert len(told_tree) == 0 and told.tokens == [10, 11, 99] and told.accepted == []
+
+
 def test_a_model_that_pays_in_some_buckets_keeps_reading_in_the_others(monkeypatch):
     """Retrieval is confident (2.6 tokens expected) and unsure (0.3) in turn; the verifier takes the model's
     13-14-15 either way, but drafting costs 150 ms, which pays only where retrieval is unsure ((1.3 + 3) /

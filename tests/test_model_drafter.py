@@ -289,3 +289,28 @@ def test_a_prompt_left_unread_at_begin_is_read_in_the_background_once_the_model_
     assert drafter._reader is not None  # it reads in the background ...
     assert drafter.ready(timeout=60) and drafter._unread() == 0  # ... all of it
     assert len(drafter.propose()) > 0
+
+
+def test_a_verdicts_text_is_retokenised_only_when_the_models_context_is_next_wanted(real_model):
+    """A hybrid's resting model hears every verdict. Re-tokenising it for the drafter's vocabulary (~0.3 ms a
+    round across vocabularies) waits until the context is wanted, and then takes every round's tokens at once,
+    giving the context that committing each round gives; meanwhile behind_ms counts them as unread."""
+    hf, tokenizer = real_model("gemma3-270m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    lazy, each_round = (make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+                        for _ in range(2))
+    prompt = edge_tokenizer.encode(PROMPT)
+    text = edge_tokenizer.encode(" cat,\tbecause  cats are quiet: 猫は静か, and café owners like them 🐈.\n")
+    for drafter in (lazy, each_round):
+        drafter.begin(prompt, SamplingParams())
+        assert drafter.ready(timeout=60)
+    lazy.read_ms = 2.0
+    commits, commit = [], lazy.bridge.commit
+    lazy.bridge.commit = lambda ids: commits.append(list(ids)) or commit(ids)
+    for at in range(0, len(text), 3):
+        for drafter in (lazy, each_round):
+            drafter.observe(DraftTree.empty(), StepResult(tokens=text[at : at + 3], accepted=[], compute_ms=50.0))
+        each_round.context  # noqa: B018 - committed round by round
+    assert lazy.behind_ms() == len(text) * 2.0 and commits == []  # one drafter id per target id, at first
+    assert lazy.context == each_round.context and commits == [text]
+    assert lazy.behind_ms() == lazy._unread() * 2.0 > 0
