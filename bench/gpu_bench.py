@@ -294,7 +294,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=12)
     p.add_argument("--decode-reps", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--compile", action="store_true", help="torch.compile each layer's dense parts (Llama shapes)")
+    p.add_argument("--compile", action="store_true", help="torch.compile each layer's dense parts")
     p.add_argument("--quick", action="store_true", help="a smoke run: few sessions, short contexts")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()

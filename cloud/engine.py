@@ -61,10 +61,10 @@ class Engine:
     def from_hf_model(cls, hf_model, kv_pool_bytes: int, block_size: int = 16, device: str | torch.device = "cpu",
                       dtype: torch.dtype | None = None, compile_layers: bool = False) -> "Engine":
         """The engine of `hf_model` moved to `device` (and cast to `dtype`, None = as it is), KV pool included;
-        `compile_layers`: its layers' dense parts through torch.compile where the runner can (Llama, off the CPU)."""
+        `compile_layers`: its layers' dense parts through torch.compile (not the CPU's packed float32 ones)."""
         hf_model.to(device=device, dtype=dtype)
         runner = build_runner(hf_model)
-        compiled = compile_layers and hasattr(runner, "compile") and runner.compile()
+        compiled = compile_layers and runner.compile()
         pool = KVBlockPool(
             kv_pool_bytes, block_size, runner.num_layers, runner.num_kv_heads, runner.head_dim,
             dtype=runner.embed.dtype, device=runner.embed.device,

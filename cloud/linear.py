@@ -33,3 +33,9 @@ class Linear:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return F.linear(x, self.weight)
+
+
+def linear(x: torch.Tensor, weight: Linear | torch.Tensor) -> torch.Tensor:
+    """x @ weight.T for a Linear, or for its plain weight tensor (what compiled layers are given, so that one
+    compiled graph serves every layer: cloud/models/compiled.py)."""
+    return weight(x) if isinstance(weight, Linear) else F.linear(x, weight)

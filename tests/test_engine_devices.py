@@ -107,8 +107,9 @@ def test_bfloat16_speculation_changes_no_greedy_token(arch, device):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")
-def test_compiled_layers_keep_greedy_output_equal_to_transformers_generate():
-    hf = tiny("llama").to("cuda")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_compiled_layers_keep_greedy_output_equal_to_transformers_generate(arch):
+    hf = tiny(arch).to("cuda")
     prompts = prompts_for(hf.config.vocab_size)
     want = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     engine = Engine.from_hf_model(hf, kv_pool_bytes=8 << 20, block_size=4, device="cuda", dtype=torch.float32)
@@ -179,8 +180,9 @@ def test_compiling_is_on_by_default_only_on_a_gpu_and_unknown_settings_are_refus
         compile_layers("yes", torch.device("cpu"))
 
 
-def test_the_cpus_packed_float32_layers_are_not_compiled():
-    engine = Engine.from_hf_model(tiny("llama"), kv_pool_bytes=8 << 20, block_size=4, compile_layers=True)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_the_cpus_packed_float32_layers_are_not_compiled(arch):
+    engine = Engine.from_hf_model(tiny(arch), kv_pool_bytes=8 << 20, block_size=4, compile_layers=True)
     assert not engine.compiled
 
 
@@ -195,10 +197,11 @@ def test_a_function_that_cannot_be_compiled_runs_eagerly_with_a_warning(caplog):
     assert [r.message.count("runs eagerly from now on") for r in caplog.records] == [1]
 
 
-def test_compiled_layers_compute_what_the_plain_ones_do_on_the_cpu(caplog):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_compiled_layers_compute_what_the_plain_ones_do_on_the_cpu(arch, caplog):
     """CI has no GPU: the compiled path's arithmetic is checked here, in float64 (whose weights the CPU does not
     pack, so they are compiled), against transformers' greedy output; on CUDA the test above does the same."""
-    hf = tiny("llama").to(torch.float64)
+    hf = tiny(arch).to(torch.float64)
     prompts = prompts_for(hf.config.vocab_size)[:2]
     want = [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
     engine = Engine.from_hf_model(hf, kv_pool_bytes=8 << 20, block_size=4, compile_layers=True)

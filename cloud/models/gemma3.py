@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
-from specedge.cloud.linear import Linear
+from specedge.cloud.linear import Linear, linear
+from specedge.cloud.models.compiled import compiled_or_eager
 
 
 @dataclass
@@ -85,6 +86,18 @@ class Gemma3Runner:
                     post_mlp_norm=norm_scale(l.post_feedforward_layernorm.weight),
                 )
             )
+        self._attention_inputs, self._mlp_residual = attention_inputs, mlp_residual
+        self._weight = lambda lin: lin
+
+    def compile(self) -> bool:
+        """Each layer's dense parts through `torch.compile`, as LlamaRunner.compile (there, why); not on the CPU's
+        packed weights. Returns whether it compiled."""
+        if self.lm_head.packed:
+            return False
+        self._attention_inputs = compiled_or_eager(attention_inputs)
+        self._mlp_residual = compiled_or_eager(mlp_residual)
+        self._weight = lambda lin: lin.weight
+        return True
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
@@ -94,23 +107,38 @@ class Gemma3Runner:
             kind: rope_cos_sin(batch.positions, self.head_dim, self.rope_base[f"{kind}_attention"], x.dtype)
             for kind in ("sliding", "full")
         }
-        nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        w = self._weight
         for i, layer in enumerate(self.layers):
             cos, sin = rope["sliding" if layer.sliding else "full"]
-            h = gemma_rms_norm(x, layer.attn_norm, self.eps)
-            q, k, v = layer.wqkv(h).split([nq, nkv, nkv], dim=-1)
-            q = gemma_rms_norm(q.view(-1, self.num_heads, self.head_dim), layer.q_norm, self.eps)
-            k = gemma_rms_norm(k.view(-1, self.num_kv_heads, self.head_dim), layer.k_norm, self.eps)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            v = v.view(-1, self.num_kv_heads, self.head_dim)
+            q, k, v = self._attention_inputs(x, layer.attn_norm, w(layer.wqkv), layer.q_norm, layer.k_norm, cos, sin,
+                                             self.eps, self.num_heads, self.num_kv_heads, self.head_dim)
             window = self.sliding_window if layer.sliding else None
-            attn = layer.wo(paged_attention(q, k, v, i, pool, batch, self.scale, window))
-            x = x + gemma_rms_norm(attn, layer.post_attn_norm, self.eps)
-            h = gemma_rms_norm(x, layer.pre_mlp_norm, self.eps)
-            gate, up = layer.w_gate_up(h).chunk(2, dim=-1)
-            mlp = layer.w_down(F.gelu(gate, approximate="tanh") * up)
-            x = x + gemma_rms_norm(mlp, layer.post_mlp_norm, self.eps)
+            attn = paged_attention(q, k, v, i, pool, batch, self.scale, window)
+            x = self._mlp_residual(x, attn, w(layer.wo), layer.post_attn_norm, layer.pre_mlp_norm, w(layer.w_gate_up),
+                                   w(layer.w_down), layer.post_mlp_norm, self.eps)
         logits = self.lm_head(gemma_rms_norm(x[logits_rows], self.norm, self.eps))
         if self.softcap is not None:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+
+def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: Linear | torch.Tensor, q_norm: torch.Tensor,
+                     k_norm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float, heads: int,
+                     kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's queries, keys and values for x [T, hidden]: normed, projected, q and k normed per head and
+    RoPE applied."""
+    h = gemma_rms_norm(x, norm, eps)
+    q, k, v = linear(h, wqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = gemma_rms_norm(q.view(-1, heads, head_dim), q_norm, eps)
+    k = gemma_rms_norm(k.view(-1, kv_heads, head_dim), k_norm, eps)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.view(-1, kv_heads, head_dim)
+
+
+def mlp_residual(x: torch.Tensor, attn: torch.Tensor, wo: Linear | torch.Tensor, post_attn_norm: torch.Tensor,
+                 pre_mlp_norm: torch.Tensor, w_gate_up: Linear | torch.Tensor, w_down: Linear | torch.Tensor,
+                 post_mlp_norm: torch.Tensor, eps: float) -> torch.Tensor:
+    """The rest of a layer after attention: output projection, normed, added; the tanh-GELU MLP between its
+    two norms, added."""
+    x = x + gemma_rms_norm(linear(attn, wo), post_attn_norm, eps)
+    gate, up = linear(gemma_rms_norm(x, pre_mlp_norm, eps), w_gate_up).chunk(2, dim=-1)
+    return x + gemma_rms_norm(linear(F.gelu(gate, approximate="tanh") * up, w_down), post_mlp_norm, eps)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
-from specedge.cloud.linear import Linear
+from specedge.cloud.linear import Linear, linear
 from specedge.cloud.models.compiled import compiled_or_eager
 
 
@@ -63,7 +63,7 @@ class LlamaRunner:
             for l in m.layers
         ]
         self._attention_inputs, self._mlp_residual = attention_inputs, mlp_residual
-        self._weight = lambda linear: linear
+        self._weight = lambda lin: lin
 
     def compile(self) -> bool:
         """Run each layer's dense parts (norms, projections, RoPE, SwiGLU, residuals) through `torch.compile`,
@@ -74,7 +74,7 @@ class LlamaRunner:
             return False
         self._attention_inputs = compiled_or_eager(attention_inputs)
         self._mlp_residual = compiled_or_eager(mlp_residual)
-        self._weight = lambda linear: linear.weight  # tensors, not Linear objects: one compiled graph for all layers
+        self._weight = lambda lin: lin.weight  # tensors, not Linear objects: one compiled graph for all layers
         return True
 
     @torch.inference_mode()
@@ -93,16 +93,12 @@ class LlamaRunner:
         return self.lm_head(x)
 
 
-def _linear(x: torch.Tensor, weight: Linear | torch.Tensor) -> torch.Tensor:
-    return weight(x) if isinstance(weight, Linear) else F.linear(x, weight)
-
-
 def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: Linear | torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, eps: float, heads: int, kv_heads: int, head_dim: int
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A layer's queries, keys and values for x [T, hidden]: normed, projected, RoPE applied to q and k."""
     h = rms_norm(x, norm, eps)
-    q, k, v = _linear(h, wqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k, v = linear(h, wqkv).split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q = apply_rope(q.view(-1, heads, head_dim), cos, sin)
     k = apply_rope(k.view(-1, kv_heads, head_dim), cos, sin)
     return q, k, v.view(-1, kv_heads, head_dim)
@@ -111,6 +107,6 @@ def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: Linear | torch.T
 def mlp_residual(x: torch.Tensor, attn: torch.Tensor, wo: Linear | torch.Tensor, norm: torch.Tensor,
                  w_gate_up: Linear | torch.Tensor, w_down: Linear | torch.Tensor, eps: float) -> torch.Tensor:
     """The rest of a layer after attention: output projection and residual, then the SwiGLU MLP and residual."""
-    x = x + _linear(attn, wo)
-    gate, up = _linear(rms_norm(x, norm, eps), w_gate_up).chunk(2, dim=-1)
-    return x + _linear(F.silu(gate) * up, w_down)
+    x = x + linear(attn, wo)
+    gate, up = linear(rms_norm(x, norm, eps), w_gate_up).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, w_down)
