@@ -192,8 +192,8 @@ class ModelDrafter:
         if self._uncommitted:
             before = len(self._context)
             self._context = self.bridge.commit(self._uncommitted)
-            self._ids_per_target = moving_average(self._ids_per_target,
-                                                  (len(self._context) - before) / len(self._uncommitted))
+            added = max(len(self._context) - before, 0)  # (re-tokenising may merge ids with those before)
+            self._ids_per_target = moving_average(self._ids_per_target, added / len(self._uncommitted))
             self._uncommitted = []
             known = tuple(self._context)
             self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
