@@ -7,13 +7,14 @@ output, so the drafter's trees and the tokens each pass commits need no model.
         --model smollm2-135m --chat
 
 One client: each pass costs the GPU's measured time for its tokens with one session (at the measured
-context nearest the session's), plus the edge's drafting time for that round (measured here, by the clock,
-on this machine's CPU); plain decoding costs one one-token pass per token at the same context. The drafter
+context nearest the session's), plus the edge's time for that round (measured here, by the clock, on this
+machine's CPU: the draft, and the drafter's and the tree-size controller's `observe` of the verdict before
+it; before 2026-11-27 only the draft was counted); plain decoding costs one one-token pass per token at the same context. The drafter
 sizes its trees from the GPU's cost curve, as it would from a GPU verifier's advertised cost model.
 
 Sixteen clients: a step of 16 sessions with t + 1 tokens each costs what the GPU measured for it; each
 session commits A(t) tokens per step (the same replay with trees capped at t nodes); a client's round is
-that step plus its drafting time. Throughput 16 A(t) / (step + drafting) against server-side decoding,
+that step plus its edge time. Throughput 16 A(t) / (step + edge time) against server-side decoding,
 16 tokens per step of 16 one-token sessions. The best t is reported with every t beside it.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from pathlib import Path
 
 from specedge.bench.replay import Recorded, ReplaySession, recorded_hints
@@ -45,7 +47,7 @@ def single_session_costs(shape: dict, hints: int) -> dict[int, CostModel]:
 
 
 def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints: dict | None) -> list[dict]:
-    """Per prompt: tokens after the first pass, passes, tree nodes, drafting ms and pass ms (cost_of(context)
+    """Per prompt: tokens after the first pass, passes, tree nodes, the edge's ms and pass ms (cost_of(context)
     prices each pass); `hints`: the target's recorded top k per output position (None: no hints)."""
     drafter = make_drafter(drafter_name, max_nodes=max_tree, tokenizer=recorded.tokenizer, eos_ids=recorded.eos_ids)
     controller = TreeSizeController(max_tree)
@@ -55,12 +57,39 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
         cost = cost_of(len(ids))
         given = hints.get(p.id) if hints is not None and hints_wanted(drafter) else None
         session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost, hints=given)
-        r = generate(session, (), drafter, controller)
+        observe_ms: list[float] = []
+        with timed_observe(drafter, observe_ms), timed_observe(controller, observe_ms):
+            r = generate(session, (), drafter, controller)
         assert r.token_ids == recorded.refs[p.id]
+        first = observe_ms[:2]  # the first verdict's (after the prompt's pass), left out as its draft is
         out.append({"prompt": p.id, "category": p.category, "context": len(ids), "tokens": len(r.token_ids) - 1,
-                    "passes": r.rounds - 1, "nodes": sum(r.tree_sizes[1:]), "draft_ms": sum(r.draft_ms[1:]),
+                    "passes": r.rounds - 1, "nodes": sum(r.tree_sizes[1:]),
+                    "edge_ms": sum(r.draft_ms[1:]) + sum(observe_ms) - sum(first),
                     "pass_ms": sum(session.pass_ms[1:])})
     return out
+
+
+class timed_observe:
+    """Within it, `thing.observe` adds its time (ms) per call to `spent`: the edge reads each verdict before
+    it drafts the next tree, so that time is as much the round's as the draft's."""
+
+    def __init__(self, thing, spent: list[float]) -> None:
+        self.thing, self.spent = thing, spent
+
+    def __enter__(self) -> None:
+        observe = self.thing.observe
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return observe(*args, **kwargs)
+            finally:
+                self.spent.append((time.perf_counter() - start) * 1e3)
+
+        self.thing.observe = timed
+
+    def __exit__(self, *exc) -> None:
+        del self.thing.observe  # the class's method again
 
 
 def main() -> None:
@@ -98,16 +127,16 @@ def main() -> None:
         single = {}
         for cat in sorted({r["category"] for r in rows}) + ["all"]:
             mine = [r for r in rows if cat in ("all", r["category"])]
-            spec_ms = sum(r["pass_ms"] + r["draft_ms"] for r in mine)
+            spec_ms = sum(r["pass_ms"] + r["edge_ms"] for r in mine)
             single[cat] = {"speedup": sum(r["plain_ms"] for r in mine) / spec_ms,
                            "tokens_per_pass": sum(r["tokens"] for r in mine) / sum(r["passes"] for r in mine),
                            "nodes_per_pass": sum(r["nodes"] for r in mine) / sum(r["passes"] for r in mine),
-                           "draft_ms_per_pass": sum(r["draft_ms"] for r in mine) / sum(r["passes"] for r in mine),
+                           "edge_ms_per_pass": sum(r["edge_ms"] for r in mine) / sum(r["passes"] for r in mine),
                            "pass_ms_per_pass": sum(r["pass_ms"] for r in mine) / sum(r["passes"] for r in mine)}
             s = single[cat]
             print(f"{name:<14} one client  {cat:<14} {s['speedup']:5.2f}x  tokens/pass {s['tokens_per_pass']:.2f}  "
                   f"nodes/pass {s['nodes_per_pass']:.1f}  pass {s['pass_ms_per_pass']:.2f} ms  "
-                  f"drafting {s['draft_ms_per_pass']:.2f} ms")
+                  f"edge {s['edge_ms_per_pass']:.2f} ms")
         steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"]
                  if r["sessions"] == CLIENTS and r.get("hints", 0) == hint_tokens}
         plain_steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"]
@@ -117,18 +146,18 @@ def main() -> None:
         for tokens_each in sorted(t for t in steps if t > 1):
             rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints)
             per_step = sum(r["tokens"] for r in rows_t) / sum(r["passes"] for r in rows_t)
-            draft_ms = sum(r["draft_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
-            tok_s = CLIENTS * per_step / (steps[tokens_each] + draft_ms) * 1e3
+            edge_ms = sum(r["edge_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
+            tok_s = CLIENTS * per_step / (steps[tokens_each] + edge_ms) * 1e3
             many["by_tree"][tokens_each - 1] = {"tokens_per_step": per_step, "step_ms": steps[tokens_each],
-                                                "draft_ms": draft_ms, "tok_s": tok_s,
+                                                "edge_ms": edge_ms, "tok_s": tok_s,
                                                 "vs_server_ar": tok_s / many["server_ar_tok_s"]}
         best = max(many["by_tree"], key=lambda t: many["by_tree"][t]["tok_s"])
         many["best_tree"], many["best_vs_server_ar"] = best, many["by_tree"][best]["vs_server_ar"]
         print(f"{name:<14} {CLIENTS} clients  server-side decoding {many['server_ar_tok_s']:.0f} tok/s; " + "; ".join(
-            f"trees of {t}: {v['tokens_per_step']:.2f} tok/step, {v['step_ms']:.1f}+{v['draft_ms']:.1f} ms, "
+            f"trees of {t}: {v['tokens_per_step']:.2f} tok/step, {v['step_ms']:.1f}+{v['edge_ms']:.1f} ms, "
             f"{v['vs_server_ar']:.2f}x" for t, v in many["by_tree"].items()))
         results["shapes"][name] = {"one_client": single, "clients_16": many,
-                                   "median_draft_ms": statistics.median(r["draft_ms"] / max(1, r["passes"])
+                                   "median_edge_ms": statistics.median(r["edge_ms"] / max(1, r["passes"])
                                                                         for r in rows)}
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
