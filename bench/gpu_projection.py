@@ -9,8 +9,9 @@ output, so the drafter's trees and the tokens each pass commits need no model.
 One client: each pass costs the GPU's measured time for its tokens with one session (at the measured
 context nearest the session's), plus the edge's time for that round (measured here, by the clock, on this
 machine's CPU: the draft, and the drafter's and the tree-size controller's `observe` of the verdict before
-it; before 2026-11-27 only the draft was counted); plain decoding costs one one-token pass per token at the same context. The drafter
-sizes its trees from the GPU's cost curve, as it would from a GPU verifier's advertised cost model.
+it; before 2026-11-27 only the draft was counted); plain decoding costs one one-token pass per token at the
+same context. The drafter sizes its trees from the GPU's cost curve, as it would from a GPU verifier's
+advertised cost model.
 
 Sixteen clients: a step of 16 sessions with t + 1 tokens each costs what the GPU measured for it; each
 session commits A(t) tokens per step (the same replay with trees capped at t nodes); a client's round is
