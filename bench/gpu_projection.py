@@ -25,6 +25,8 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from specedge.bench.replay import Recorded, ReplaySession, recorded_hints
@@ -70,27 +72,24 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
     return out
 
 
-class timed_observe:
+@contextmanager
+def timed_observe(thing, spent: list[float]) -> Iterator[None]:
     """Within it, `thing.observe` adds its time (ms) per call to `spent`: the edge reads each verdict before
     it drafts the next tree, so that time is as much the round's as the draft's."""
+    observe = thing.observe
 
-    def __init__(self, thing, spent: list[float]) -> None:
-        self.thing, self.spent = thing, spent
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return observe(*args, **kwargs)
+        finally:
+            spent.append((time.perf_counter() - start) * 1e3)
 
-    def __enter__(self) -> None:
-        observe = self.thing.observe
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return observe(*args, **kwargs)
-            finally:
-                self.spent.append((time.perf_counter() - start) * 1e3)
-
-        self.thing.observe = timed
-
-    def __exit__(self, *exc) -> None:
-        del self.thing.observe  # the class's method again
+    thing.observe = timed
+    try:
+        yield
+    finally:
+        del thing.observe  # the class's method again
 
 
 def main() -> None:
