@@ -54,7 +54,6 @@ class Engine:
         # Sessions' hints from one top-k over all their rows: off the CPU (one transfer instead of one per
         # session); on the CPU each session's rows are read where they are, without copying them together.
         self.batch_hints = self.device.type != "cpu"
-        self.compiled = False  # the runner's layers through torch.compile (from_hf_model's compile_layers)
         self._ids = itertools.count()
 
     @classmethod
@@ -64,14 +63,18 @@ class Engine:
         `compile_layers`: its layers' dense parts through torch.compile (not the CPU's packed float32 ones)."""
         hf_model.to(device=device, dtype=dtype)
         runner = build_runner(hf_model)
-        compiled = compile_layers and runner.compile()
+        if compile_layers:
+            runner.compile()
         pool = KVBlockPool(
             kv_pool_bytes, block_size, runner.num_layers, runner.num_kv_heads, runner.head_dim,
             dtype=runner.embed.dtype, device=runner.embed.device,
         )
-        engine = cls(runner, pool)
-        engine.compiled = compiled
-        return engine
+        return cls(runner, pool)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the runner's layers run through torch.compile (from_hf_model's compile_layers)."""
+        return self.runner.parts.compiled
 
     def add_sequence(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> Sequence:
         if not prompt_ids:

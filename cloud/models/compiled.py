@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from specedge.cloud.linear import Linear
+
 log = logging.getLogger(__name__)
 
 
@@ -33,3 +35,21 @@ def compiled_or_eager(fn: Callable) -> Callable:
             return fn(*args)
 
     return call
+
+
+class LayerParts:
+    """A runner's two dense parts of a layer (before and after attention), as plain functions or compiled.
+    Compiled, they are given each Linear's plain weight tensor (`weight`), so that one compiled graph serves
+    every layer."""
+
+    def __init__(self, attention_inputs: Callable, mlp_residual: Callable) -> None:
+        self.attention_inputs, self.mlp_residual = attention_inputs, mlp_residual
+        self.compiled = False
+
+    def weight(self, linear: Linear) -> Linear | torch.Tensor:
+        return linear.weight if self.compiled else linear
+
+    def compile(self) -> None:
+        self.attention_inputs = compiled_or_eager(self.attention_inputs)
+        self.mlp_residual = compiled_or_eager(self.mlp_residual)
+        self.compiled = True

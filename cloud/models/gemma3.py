@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear, linear
-from specedge.cloud.models.compiled import compiled_or_eager
+from specedge.cloud.models.compiled import LayerParts
 
 
 @dataclass
@@ -86,18 +86,13 @@ class Gemma3Runner:
                     post_mlp_norm=norm_scale(l.post_feedforward_layernorm.weight),
                 )
             )
-        self._attention_inputs, self._mlp_residual = attention_inputs, mlp_residual
-        self._weight = lambda lin: lin
+        self.parts = LayerParts(attention_inputs, mlp_residual)
 
-    def compile(self) -> bool:
+    def compile(self) -> None:
         """Each layer's dense parts through `torch.compile`, as LlamaRunner.compile (there, why); not on the CPU's
-        packed weights. Returns whether it compiled."""
-        if self.lm_head.packed:
-            return False
-        self._attention_inputs = compiled_or_eager(attention_inputs)
-        self._mlp_residual = compiled_or_eager(mlp_residual)
-        self._weight = lambda lin: lin.weight
-        return True
+        packed weights."""
+        if not self.lm_head.packed:
+            self.parts.compile()
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
@@ -107,14 +102,14 @@ class Gemma3Runner:
             kind: rope_cos_sin(batch.positions, self.head_dim, self.rope_base[f"{kind}_attention"], x.dtype)
             for kind in ("sliding", "full")
         }
-        w = self._weight
+        parts, w = self.parts, self.parts.weight
         for i, layer in enumerate(self.layers):
             cos, sin = rope["sliding" if layer.sliding else "full"]
-            q, k, v = self._attention_inputs(x, layer.attn_norm, w(layer.wqkv), layer.q_norm, layer.k_norm, cos, sin,
+            q, k, v = parts.attention_inputs(x, layer.attn_norm, w(layer.wqkv), layer.q_norm, layer.k_norm, cos, sin,
                                              self.eps, self.num_heads, self.num_kv_heads, self.head_dim)
             window = self.sliding_window if layer.sliding else None
             attn = paged_attention(q, k, v, i, pool, batch, self.scale, window)
-            x = self._mlp_residual(x, attn, w(layer.wo), layer.post_attn_norm, layer.pre_mlp_norm, w(layer.w_gate_up),
+            x = parts.mlp_residual(x, attn, w(layer.wo), layer.post_attn_norm, layer.pre_mlp_norm, w(layer.w_gate_up),
                                    w(layer.w_down), layer.post_mlp_norm, self.eps)
         logits = self.lm_head(gemma_rms_norm(x[logits_rows], self.norm, self.eps))
         if self.softcap is not None:

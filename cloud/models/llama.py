@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rope_cos_sin
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear, linear
-from specedge.cloud.models.compiled import compiled_or_eager
+from specedge.cloud.models.compiled import LayerParts
 
 
 @dataclass
@@ -62,32 +62,27 @@ class LlamaRunner:
             )
             for l in m.layers
         ]
-        self._attention_inputs, self._mlp_residual = attention_inputs, mlp_residual
-        self._weight = lambda lin: lin
+        self.parts = LayerParts(attention_inputs, mlp_residual)
 
-    def compile(self) -> bool:
+    def compile(self) -> None:
         """Run each layer's dense parts (norms, projections, RoPE, SwiGLU, residuals) through `torch.compile`,
         which fuses their elementwise kernels; attention and the KV pool's writes stay as they are. Meant for
         CUDA, where a small pass is dozens of tiny kernels per layer (BENCHMARKS.md section 9); on the CPU the
-        oneDNN-packed weights are used and nothing is compiled. Returns whether it compiled."""
-        if self.lm_head.packed:
-            return False
-        self._attention_inputs = compiled_or_eager(attention_inputs)
-        self._mlp_residual = compiled_or_eager(mlp_residual)
-        self._weight = lambda lin: lin.weight  # tensors, not Linear objects: one compiled graph for all layers
-        return True
+        oneDNN-packed weights are used and nothing is compiled (`parts.compiled` says which)."""
+        if not self.lm_head.packed:
+            self.parts.compile()
 
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
         """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = rope_cos_sin(batch.positions, self.head_dim, self.rope_base, x.dtype)
-        w = self._weight
+        parts, w = self.parts, self.parts.weight
         for i, layer in enumerate(self.layers):
-            q, k, v = self._attention_inputs(x, layer.attn_norm, w(layer.wqkv), cos, sin, self.eps, self.num_heads,
+            q, k, v = parts.attention_inputs(x, layer.attn_norm, w(layer.wqkv), cos, sin, self.eps, self.num_heads,
                                              self.num_kv_heads, self.head_dim)
             attn = paged_attention(q, k, v, i, pool, batch, self.scale)
-            x = self._mlp_residual(x, attn, w(layer.wo), layer.mlp_norm, w(layer.w_gate_up), w(layer.w_down),
+            x = parts.mlp_residual(x, attn, w(layer.wo), layer.mlp_norm, w(layer.w_gate_up), w(layer.w_down),
                                    self.eps)
         x = rms_norm(x[logits_rows], self.norm, self.eps)
         return self.lm_head(x)
