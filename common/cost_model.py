@@ -4,6 +4,7 @@ explicit and reportable")."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,16 +20,9 @@ class CostModel:
         return float(self.table(tree_tokens)[-1])
 
     def table(self, max_tokens: int) -> np.ndarray:
-        """Milliseconds for 0, 1, ..., max_tokens tree tokens (the last segment extends past the last point)."""
-        sizes = np.array([n for n, _ in self.points], dtype=np.float64)
-        times = np.array([t for _, t in self.points], dtype=np.float64)
-        n = np.arange(max_tokens + 1, dtype=np.float64)
-        out = np.interp(n, sizes, times)
-        if len(sizes) > 1 and max_tokens > sizes[-1]:
-            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-            beyond = n > sizes[-1]
-            out[beyond] = times[-1] + slope * (n[beyond] - sizes[-1])
-        return out
+        """Milliseconds for 0, 1, ..., max_tokens tree tokens (the last segment extends past the last point).
+        Read-only: kept per model and size, as an edge asks for it before every draft it sends."""
+        return _table(self.points, max_tokens)
 
     def at_load(self, other_tokens: int) -> CostModel:
         """The pass time one session sees for each tree size when `other_tokens` of other sessions share
@@ -36,3 +30,17 @@ class CostModel:
         bend in the curve stays where it is)."""
         sizes = sorted({n for n, _ in self.points} | {n - other_tokens for n, _ in self.points if n > other_tokens})
         return CostModel(tuple((n, self.ms(other_tokens + n)) for n in sizes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _table(points: tuple[tuple[int, float], ...], max_tokens: int) -> np.ndarray:
+    sizes = np.array([n for n, _ in points], dtype=np.float64)
+    times = np.array([t for _, t in points], dtype=np.float64)
+    n = np.arange(max_tokens + 1, dtype=np.float64)
+    out = np.interp(n, sizes, times)
+    if len(sizes) > 1 and max_tokens > sizes[-1]:
+        slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+        beyond = n > sizes[-1]
+        out[beyond] = times[-1] + slope * (n[beyond] - sizes[-1])
+    out.flags.writeable = False
+    return out

@@ -31,24 +31,21 @@ SHAPE = (2, len(MATCH_BUCKETS), len(SHARE_BUCKETS))
 
 @dataclass
 class NodeStats:
-    """Per-node evidence, one array entry per node."""
+    """Per-node evidence, one array entry per node; and what the model reads of it: each node's `cells` (flat
+    index in the model's tables) and `priors` (what a fresh model believes of it)."""
 
     long_term: np.ndarray  # bool: supported only by the long-term datastore
     match_len: np.ndarray  # longest context match among the node's candidates
     share: np.ndarray  # the node's weight over its parent's: its part of the evidence at the parent
 
-    def cells(self) -> np.ndarray:
-        """Flat index of each node's cell in the model's tables."""
-        b = lambda edges, x: np.searchsorted(edges, x, side="right") - 1  # noqa: E731
-        return np.ravel_multi_index((self.long_term.astype(np.int64), np.maximum(b(MATCH_BUCKETS, self.match_len), 0),
-                                     b(SHARE_BUCKETS, self.share)), SHAPE)
+    def __post_init__(self) -> None:
+        match = np.maximum(np.searchsorted(MATCH_BUCKETS, self.match_len, side="right") - 1, 0)
+        share = np.searchsorted(SHARE_BUCKETS, self.share, side="right") - 1
+        self.cells = (self.long_term.astype(np.int64) * SHAPE[1] + match) * SHAPE[2] + share
+        self.priors = self.share * BASE[match]
 
     def take(self, index: np.ndarray) -> NodeStats:
         return NodeStats(self.long_term[index], self.match_len[index], self.share[index])
-
-    def priors(self) -> np.ndarray:
-        """What a fresh model believes of each node."""
-        return self.share * BASE[np.maximum(np.searchsorted(MATCH_BUCKETS, self.match_len, side="right") - 1, 0)]
 
 
 class AcceptanceModel:
@@ -59,13 +56,13 @@ class AcceptanceModel:
 
     def probs(self, stats: NodeStats) -> np.ndarray:
         """P(node accepted | its parent accepted), per node."""
-        return self.generation.apply(self._long_run(stats.cells(), stats.priors()))
+        return self.generation.apply(self._long_run(stats.cells, stats.priors))
 
     def _long_run(self, cells: np.ndarray, priors: np.ndarray) -> np.ndarray:
         return (self.accepted[cells] + PRIOR_WEIGHT * priors) / (self.reached[cells] + PRIOR_WEIGHT)
 
     def update(self, cells: np.ndarray, priors: np.ndarray, accepted: np.ndarray) -> None:
-        """Reached nodes' cells, their `NodeStats.priors`, and whether each was accepted."""
+        """Reached nodes' `NodeStats.cells` and `priors`, and whether each was accepted."""
         np.add.at(self.reached, cells, 1.0)
         np.add.at(self.accepted, cells, accepted.astype(np.float64))
         self.generation.observe(cells, priors, accepted)

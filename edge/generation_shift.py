@@ -7,7 +7,9 @@ BENCHMARKS.md section 6). So each generation fits one shift b to the logits of i
 its own verdicts so far: the most probable b under a normal prior of scale PRIOR_SCALE around 0 (worth the
 evidence of ~16 nodes at even odds), so a generation starts from the long-run estimates and leaves them as
 its evidence grows. The estimates are those of the long-run tables as they are now (which learn from the
-same verdicts): b is what they still miss.
+same verdicts): b is what they still miss. It is refitted after every verdict from the last b: a verdict
+moves the fit little, so Newton's method usually stops after one or two steps (TOLERANCE) rather than four,
+which matters as the edge reads every verdict before its next draft.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 PRIOR_SCALE = 0.5
 GENERATION_NODES = 4096  # the shift is fitted to the generation's last this many reached nodes
+TOLERANCE = 1e-3  # the fit after each verdict stops at a Newton step shorter than this (in logit)
 MAX_LOGIT = 8.0  # estimates of 0 or 1 are held just inside them, so that any shift can move them
 
 
@@ -33,9 +36,11 @@ def shifted(p: np.ndarray, shift: float) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-(logit(p) + shift)))
 
 
-def fit_shift(p: np.ndarray, accepted: np.ndarray, start: float = 0.0, steps: int = 4) -> float:
+def fit_shift(p: np.ndarray, accepted: np.ndarray, start: float = 0.0, steps: int = 4, tolerance: float = 0.0
+              ) -> float:
     """The shift b that makes estimates `p` of nodes reached this generation best explain whether each was
-    `accepted`: Newton's method on the log-likelihood plus the prior (concave in b, so it converges)."""
+    `accepted`: Newton's method on the log-likelihood plus the prior (concave in b, so it converges), at most
+    `steps` steps, stopping after a step shorter than `tolerance`."""
     z = logit(p)
     y = np.asarray(accepted, dtype=np.float64)
     b = start
@@ -44,6 +49,8 @@ def fit_shift(p: np.ndarray, accepted: np.ndarray, start: float = 0.0, steps: in
         gradient = float(np.sum(y - q)) - b / PRIOR_SCALE**2
         curvature = float(np.sum(q * (1.0 - q))) + 1.0 / PRIOR_SCALE**2
         b += gradient / curvature
+        if abs(gradient / curvature) < tolerance:
+            break
     return b
 
 
@@ -74,4 +81,5 @@ class GenerationShift:
         self._keys[at], self._priors[at], self._accepted[at] = keys[-k:], np.asarray(priors)[-k:], accepted[-k:]
         self._seen += k
         n = min(self._seen, GENERATION_NODES)
-        self.value = fit_shift(self._long_run(self._keys[:n], self._priors[:n]), self._accepted[:n], self.value)
+        self.value = fit_shift(self._long_run(self._keys[:n], self._priors[:n]), self._accepted[:n], self.value,
+                               tolerance=TOLERANCE)

@@ -88,7 +88,7 @@ class RetrievalDrafter:
         # take GROW_SLACK more each round when the drafts get better).
         cap = min(self.max_nodes, max(self._sent) + GROW_SLACK) if self._sent else self.max_nodes
         draft, stats = build_draft(self.candidates(), self.model, cap, self.max_depth)
-        cells, priors = stats.cells(), stats.priors()  # each node's cell in the acceptance model, its prior
+        cells, priors = stats.cells, stats.priors  # each node's cell in the acceptance model, its prior
         table_notes = None
         if self.recycler is not None and len(self.recycler.table):
             draft, source = self.recycler.grow(draft, self._tail(CONTEXT), cap)

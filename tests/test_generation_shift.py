@@ -36,6 +36,23 @@ def test_starting_from_an_earlier_shift_reaches_the_same_fit():
     assert fit_shift(p, accepted, start=1.5, steps=8) == pytest.approx(fit_shift(p, accepted, steps=8), abs=1e-6)
 
 
+def test_one_step_per_verdict_tracks_the_converged_fit():
+    """A generation that accepts far less than earlier ones: after every verdict, the shift refitted by one
+    Newton step from the last stays close to the fit converged afresh on the same nodes."""
+    calibration, rng = Calibration(), np.random.default_rng(2)
+    for _ in range(20):  # earlier generations accept 80%
+        calibration.generation.begin()
+        calibration.update(Calibration.buckets(rng.uniform(0.3, 0.95, 400)), rng.random(400) < 0.8)
+    shift = calibration.generation
+    shift.begin()
+    for _ in range(60):  # this one 30%, a verdict on 30 nodes at a time
+        calibration.update(Calibration.buckets(rng.uniform(0.3, 0.95, 30)), rng.random(30) < 0.3)
+        n = min(shift._seen, len(shift._keys))
+        converged = fit_shift(calibration._long_run(shift._keys[:n]), shift._accepted[:n], steps=8)
+        assert shift.value == pytest.approx(converged, abs=1e-3)
+    assert shift.value < -0.5  # it did move a long way
+
+
 def test_a_drafting_models_calibration_shifts_within_a_generation_and_starts_the_next_from_its_buckets():
     calibration, raw = Calibration(), np.full(50, 0.85)
     rng = np.random.default_rng(0)

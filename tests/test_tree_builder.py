@@ -94,10 +94,10 @@ def test_the_acceptance_model_moves_from_its_prior_towards_what_it_observes():
     model = AcceptanceModel()
     f = stats_of(False, match_len=3, share=1.0)
     prior = model.probs(f)[0]
-    model.update(np.repeat(f.cells(), 50), np.repeat(f.priors(), 50), np.ones(50, dtype=bool))
+    model.update(np.repeat(f.cells, 50), np.repeat(f.priors, 50), np.ones(50, dtype=bool))
     assert model.probs(f)[0] > 0.9 > prior
     g = stats_of(False, match_len=20, share=0.5)
-    model.update(np.repeat(g.cells(), 50), np.repeat(g.priors(), 50), np.zeros(50, dtype=bool))
+    model.update(np.repeat(g.cells, 50), np.repeat(g.priors, 50), np.zeros(50, dtype=bool))
     assert model.probs(g)[0] < 0.05
     model.generation.begin()  # (this generation's shift aside)
     assert model.probs(stats_of(True, 3, 1.0))[0] == pytest.approx(prior)  # other cells untouched
@@ -108,11 +108,11 @@ def test_a_generation_that_accepts_less_than_the_long_run_lowers_its_own_estimat
     rng = np.random.default_rng(0)
     for _ in range(20):  # a long run of generations accepting 80%
         model.generation.begin()
-        model.update(np.repeat(f.cells(), 50), np.repeat(f.priors(), 50), rng.random(50) < 0.8)
+        model.update(np.repeat(f.cells, 50), np.repeat(f.priors, 50), rng.random(50) < 0.8)
     long_run = model.probs(f)[0]
     assert 0.75 < long_run < 0.85
     model.generation.begin()
-    model.update(np.repeat(f.cells(), 30), np.repeat(f.priors(), 30), np.arange(30) < 9)  # this one accepts 30%
+    model.update(np.repeat(f.cells, 30), np.repeat(f.priors, 30), np.arange(30) < 9)  # this one accepts 30%
     assert model.probs(f)[0] < 0.6  # the tables alone would still say ~0.78
     model.generation.begin()
     assert model.probs(f)[0] > 0.75
