@@ -9,7 +9,8 @@ output, so the drafter's trees and the tokens each pass commits need no model.
 One client: each pass costs the GPU's measured time for its tokens with one session (at the measured
 context nearest the session's), plus the edge's time for that round (measured here, by the clock, on this
 machine's CPU: the draft, and the drafter's and the tree-size controller's `observe` of the verdict before
-it; before 2026-11-27 only the draft was counted); plain decoding costs one one-token pass per token at the
+it; before 2026-11-27 only the draft was counted; since 2026-11-28 not what the drafter learns from a verdict
+while the next is on its way); plain decoding costs one one-token pass per token at the
 same context. The drafter sizes its trees from the GPU's cost curve, as it would from a GPU verifier's
 advertised cost model.
 
@@ -25,7 +26,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,7 +62,10 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
         given = hints.get(p.id) if hints is not None and hints_wanted(drafter) else None
         session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost, hints=given)
         observe_ms: list[float] = []
-        with timed_observe(drafter, observe_ms), timed_observe(controller, observe_ms):
+        # A drafter's `learn` (RetrievalDrafter.learn) is left out: where the session sends without waiting, as a
+        # remote verifier's does, the generation loop calls it while the verdict is on its way.
+        with timed_observe(drafter, observe_ms, untimed=getattr(drafter, "learn", None)), \
+                timed_observe(controller, observe_ms):
             r = generate(session, (), drafter, controller)
         assert r.token_ids == recorded.refs[p.id]
         first = observe_ms[:2]  # the first verdict's (after the prompt's pass), left out as its draft is
@@ -73,12 +77,15 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
 
 
 @contextmanager
-def timed_observe(thing, spent: list[float]) -> Iterator[None]:
+def timed_observe(thing, spent: list[float], untimed: Callable[[], None] | None = None) -> Iterator[None]:
     """Within it, `thing.observe` adds its time (ms) per call to `spent`: the edge reads each verdict before
-    it drafts the next tree, so that time is as much the round's as the draft's."""
+    it drafts the next tree, so that time is as much the round's as the draft's. `untimed` runs first, off the
+    clock."""
     observe = thing.observe
 
     def timed(*args, **kwargs):
+        if untimed is not None:
+            untimed()
         start = time.perf_counter()
         try:
             return observe(*args, **kwargs)

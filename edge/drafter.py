@@ -37,6 +37,13 @@ class SpeculatingDrafter(Drafter, Protocol):
         `stop()` turns true, which it does when the verdict is in."""
 
 
+class LearningDrafter(Drafter, Protocol):
+    def learn(self) -> None:
+        """Learn from the last verdict observed, if not yet. `observe` only commits what the next draft
+        needs, and learns whatever is still unlearned; the generation loop calls this while the next verdict is
+        on its way, where the session sends without waiting (edge/generation.py)."""
+
+
 class FunctionDrafter:
     """Adapts a function of the committed token ids (prompt + output) to the Drafter interface."""
 

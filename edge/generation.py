@@ -73,6 +73,9 @@ def generate(
     # Trees that may go out ahead of a verdict: a session that can send without waiting, a drafter whose
     # drafts do not depend on using the wait itself.
     ahead = hasattr(session, "send") and drafter is not None and controller is not None and speculate is None
+    # A drafter that learns from a verdict apart from committing it (RetrievalDrafter.learn) does so while the
+    # next verdict is on its way, where the session can send without waiting.
+    learn = getattr(drafter, "learn", None)
     in_flight: deque[_Sent] = deque()
     try:
         while len(out) < params.max_new_tokens:
@@ -90,6 +93,8 @@ def generate(
                 _send_ahead(session, drafter.propose(), controller, in_flight, out, params.max_new_tokens, t0)
             sent = in_flight.popleft()
             if ahead:
+                if learn is not None:
+                    learn()
                 step = session.receive()
             elif speculate is not None:  # an empty tree's pass too: a model drafter reads the verdict-to-be
                 verdict = waiting.submit(session.step, sent.tree)

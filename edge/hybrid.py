@@ -356,10 +356,11 @@ class HybridDrafter:
             source.end()
 
     def speculate(self, stop: Callable[[], bool]) -> None:
-        # Retrieval has nothing to compute ahead. The model reads ahead what the verdict most likely commits
-        # (retrieval's verdicts run to tens of tokens), so that a round it drafts does not begin by reading
-        # it; when it is not drafting it does only that (and reads what was committed since it last ran),
-        # and a resting model nothing.
+        # Retrieval has nothing to compute ahead, only the last verdict to learn from. The model reads ahead
+        # what the verdict most likely commits (retrieval's verdicts run to tens of tokens), so that a round it
+        # drafts does not begin by reading it; when it is not drafting it does only that (and reads what was
+        # committed since it last ran), and a resting model nothing.
+        self.sources[0].learn()  # what retrieval learns from the last verdict (RetrievalDrafter.learn)
         drafting = bool(self._drafts and len(self._drafts[1]))
         model = self.sources[1]
         if drafting or self._mode != REST:

@@ -52,8 +52,10 @@ class RetrievalDrafter:
         self.verdicts_by_source: dict[tuple[str, int], list[int]] = {}
         self._sent: deque[int] = deque(maxlen=SENT_WINDOW)  # nodes sent in the last rounds
         self._greedy = True  # the verdicts judge unsent nodes too (edge/calibration.py, judged_by_text)
+        self._unlearned: tuple[DraftTree, StepResult] | None = None  # the last verdict, until `learn`
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
+        self.learn()
         self.index = ContextIndex(prompt_ids)
         self._prompt_len = len(prompt_ids)
         self._greedy = params is None or params.greedy
@@ -101,7 +103,24 @@ class RetrievalDrafter:
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
+        """Commit the verdict's tokens and keep its hints: the next draft needs both. What the verdict says of
+        the drafts is learned by `learn`, which the generation loop calls while the next verdict is awaited
+        (the edge's time between a verdict and its next draft is a round's time); here, what is still
+        unlearned is learned first. So a draft's estimates are learned from every verdict but the last."""
+        self.learn()
         self._sent.append(len(tree))
+        if result.hints is not None:
+            self.learn_hints(tree, result.hints)
+        self.index.append(result.tokens)
+        self._unlearned = tree, result
+
+    def learn(self) -> None:
+        """Learn from the last verdict observed, if not yet: the acceptance model from the nodes it judged,
+        the recycling table's calibration from the table's nodes that were sent, the reports."""
+        if self._unlearned is None:
+            return
+        tree, result = self._unlearned
+        self._unlearned = None
         reached, accepted = reached_and_accepted(tree.parents, result.accepted)  # the verdict on the nodes sent
         if self._greedy:  # the committed text judges every node drafted, sent or not (judged_by_text)
             nodes = tree.drafted if tree.drafted is not None else tree
@@ -124,9 +143,6 @@ class RetrievalDrafter:
                     counts = self.verdicts_by_source.setdefault((source, depth), [0, 0])
                     counts[0] += 1
                     counts[1] += int(accepted[node])
-        if result.hints is not None:
-            self.learn_hints(tree, result.hints)
-        self.index.append(result.tokens)
 
     def learn_hints(self, tree: DraftTree, hints: Hints) -> None:
         """Keep the verifier's hints on `tree`, which hung off the last committed token (call before the
@@ -139,6 +155,7 @@ class RetrievalDrafter:
 
     def end(self) -> None:
         """Remember the output: later generations often repeat their predecessors' phrasing."""
+        self.learn()
         output = self.index.tokens[self._prompt_len : self.index.n]
         if self.history.n + len(output) + 1 > HISTORY_TOKENS:
             self.history = ContextIndex(self.history.tokens[self.history.n // 2 : self.history.n])

@@ -39,6 +39,9 @@ class Scripted:
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         self.observed.append((tree, result))
 
+    def learn(self) -> None:
+        pass
+
     def end(self) -> None:
         pass
 

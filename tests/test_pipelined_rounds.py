@@ -162,3 +162,24 @@ def test_the_retrieval_drafter_with_hints_learns_from_trees_sent_ahead_and_stays
         got = generate(session, drafter=drafter, controller=TreeSizeController(max_nodes=8))
     assert got.token_ids == reference and got.ahead >= 2
     assert sum(reached for reached, _ in drafter.verdicts_by_source.values()) > 0
+
+
+def test_a_verdict_is_learned_from_while_the_next_is_on_its_way(server, reference):
+    """Over a session that sends without waiting, the retrieval drafter learns from a verdict (`learn`) after
+    the next tree went out and before its verdict is awaited, off the edge's time between a verdict and the
+    next draft; and it still learns from every verdict."""
+    from specedge.edge.retrieval import RetrievalDrafter
+
+    drafter = RetrievalDrafter(hints_top_k=0)
+    session = ResumableSession(lambda: RemoteVerifier(server.target), PROMPT, LONG, "c", "")
+    receive, unlearned_at_receive = session.receive, []
+
+    def receive_watched():
+        unlearned_at_receive.append(drafter._unlearned is not None)
+        return receive()
+
+    session.receive = receive_watched
+    got = generate(session, drafter=drafter, controller=TreeSizeController(max_nodes=8))
+    assert got.token_ids == reference and len(unlearned_at_receive) == got.rounds
+    assert not any(unlearned_at_receive)
+    assert drafter.model.reached.sum() > 0

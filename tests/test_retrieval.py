@@ -71,6 +71,27 @@ def test_observed_tokens_are_indexed_and_answers_update_the_model():
     assert drafter.propose().accept_probs[0] > before
 
 
+def test_a_verdict_is_committed_at_once_and_learned_from_apart():
+    """`observe` commits the verdict's tokens, which the next draft needs; what the verdict says of the draft
+    is learned by `learn` (called while the next verdict is on its way), or else by the next `observe`."""
+    drafter = RetrievalDrafter(hints_top_k=0)
+    drafter.begin([1] + SENTENCE + [2] + SENTENCE[:2])
+    drafter.observe(drafter.propose().prefix(3), StepResult(tokens=SENTENCE[2:4] + [99], accepted=[0, 1],
+                                                            compute_ms=1.0))
+    assert drafter.index.tokens[drafter.index.n - 3 : drafter.index.n].tolist() == SENTENCE[2:4] + [99]
+    assert drafter.model.reached.sum() == 0
+    drafter.learn()
+    learned = drafter.model.reached.sum()
+    assert learned > 0
+    drafter.learn()
+    assert drafter.model.reached.sum() == learned  # once
+    drafter.observe(DraftTree.empty(), StepResult(tokens=[2], accepted=[], compute_ms=1.0))
+    assert drafter.model.reached.sum() == learned  # an empty tree teaches nothing
+    drafter.observe(drafter.propose().prefix(2), StepResult(tokens=[98], accepted=[], compute_ms=1.0))
+    drafter.observe(DraftTree.empty(), StepResult(tokens=[97], accepted=[], compute_ms=1.0))
+    assert drafter.model.reached.sum() > learned  # the verdict before was learned from by this observe
+
+
 def test_a_generation_whose_drafts_fail_trusts_them_less_until_the_next_prompt():
     drafter = RetrievalDrafter(hints_top_k=0)
     prompt = [1] + SENTENCE + [2] + SENTENCE[:2]
