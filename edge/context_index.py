@@ -72,17 +72,16 @@ class ContextIndex:
         ending of `query` backwards in one vectorised comparison."""
         ends: list[int] = []
         seen: set[int] = set()
-        last = self.n - 1
         for k in sorted(KEYS, reverse=True):
             if k < min_len:
                 break
-            prev, p, taken, steps = self.prev[k], starts[k], 0, 0
+            p, taken, steps = starts[k], 0, 0
             while p >= 0 and taken < max_occurrences and steps < 4 * max_occurrences:
-                if p < last and p not in seen:  # the bigram chain's finds are on the unigram chain too
+                if p not in seen and p < self.n - 1:  # the bigram chain's finds are on the unigram chain too
                     ends.append(p)
                     seen.add(p)
                     taken += 1
-                p, steps = int(prev[p]), steps + 1  # (a Python int: numpy scalars are slower to compare)
+                p, steps = self.prev[k][p], steps + 1
         ends = np.asarray(ends, dtype=np.int64)
         if len(ends) == 0:
             return ends, ends
