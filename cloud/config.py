@@ -49,7 +49,7 @@ class ServerConfig:
     tls_key: str | None = _setting(None, "PEM private key of --tls-cert")
     tls_client_ca: str | None = _setting(None, "PEM CA: require client certificates it signed (mutual TLS)")
     metrics_port: int | None = _setting(None, "serve Prometheus metrics over HTTP here")
-    gather_ms: float = _setting(2.0, "how long a step waits for more sessions' work when none is due")
+    gather_ms: float = _setting(2.0, "how long an idle verifier's first step waits for more sessions' work")
     admission_timeout_s: float = _setting(30.0, "refuse a prompt waiting for KV blocks once no session has "
                                           "given blocks back for this long")
     grace_s: float = _setting(30.0, "on SIGTERM, let open sessions finish (or move, with --register) this long")

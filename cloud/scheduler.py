@@ -6,8 +6,9 @@ pass, hand every session its outcome.
 
 Before a step, the scheduler waits for the sessions of the last step to send their next work (their
 clients draft between verdict and next tree) for up to DUE_WAIT_FRACTION of a step: a session that
-misses a step waits a whole one, so a short wait for it pays whenever it comes. With none due, it
-gathers for `gather_ms` so that concurrent newcomers share a step.
+misses a step waits a whole one, so a short wait for it pays whenever it comes; once they are all back
+the step starts. After a step that served no session (an idle verifier), it gathers for `gather_ms` so
+that concurrent newcomers share a step.
 
 An error escaping a step ends the scheduler, since the engine's state is unknown after it: every request,
 waiting or yet to come, fails with SchedulerFailed (the server answers UNAVAILABLE and reports NOT_SERVING,
@@ -146,6 +147,7 @@ class VerifyScheduler:
         """Run engine steps until `stop()` or an error (on the calling thread, for `own_thread=False`)."""
         try:
             while not self._stopped:
+                returning = bool(self._due)  # the last step served sessions, which will send their next work
                 if not self._waiting and not self._closing:
                     first = self._inbox.get()
                     if first is None:
@@ -154,8 +156,10 @@ class VerifyScheduler:
                 if self._due:
                     wait = max(self.gather_s, DUE_WAIT_FRACTION * self._last_step_s)
                     self._drain_inbox(until=time.perf_counter() + wait, until_none_due=True)
-                else:
+                elif not returning:
                     self._drain_inbox(until=time.perf_counter() + self.gather_s)  # so newcomers share the step
+                else:  # all of them are back: step now (a lone session would pay the gathering every round)
+                    self._drain_inbox()
                 self.step()
         except Exception as e:
             log.error("the verify scheduler failed", exc_info=e)

@@ -77,6 +77,18 @@ def test_a_step_waits_briefly_for_sessions_still_drafting_their_next_tree():
     s.stop()
 
 
+def test_only_an_idle_verifier_waits_for_newcomers_to_share_its_step():
+    """Opens on an idle verifier wait `gather_ms`, so that concurrent newcomers share a step. Once the
+    sessions of the last step have all sent their next work, the step starts at once: a lone client would
+    otherwise pay the gathering wait every round (2 ms by default, most of a small model's pass on a GPU)."""
+    s = make(gather_ms=400)
+    seq, opened = s.open([1, 2, 3], GREEDY, DraftTree.empty()).result(timeout=30)
+    assert opened.queue_ms >= 400
+    for _ in range(3):
+        assert s.verify(seq, DraftTree.empty()).result(timeout=30).queue_ms < 200
+    s.stop()
+
+
 def test_concurrent_prompts_with_a_common_prefix_store_it_once():
     s = make(gather_ms=50)
     document = list(range(1, 41))  # ten blocks of four
