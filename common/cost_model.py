@@ -17,7 +17,7 @@ class CostModel:
     points: tuple[tuple[int, float], ...]  # (tree tokens, ms), increasing tokens, starting at 0
 
     def ms(self, tree_tokens: int) -> float:
-        return float(self.table(tree_tokens)[-1])
+        return float(_interpolate(self.points, np.array([tree_tokens], dtype=np.float64))[0])
 
     def table(self, max_tokens: int) -> np.ndarray:
         """Milliseconds for 0, 1, ..., max_tokens tree tokens (the last segment extends past the last point).
@@ -28,19 +28,27 @@ class CostModel:
         """The pass time one session sees for each tree size when `other_tokens` of other sessions share
         its pass (sampled at the known sizes and where the curve's known points fall after the shift, so a
         bend in the curve stays where it is)."""
+        if other_tokens == 0:
+            return self
         sizes = sorted({n for n, _ in self.points} | {n - other_tokens for n, _ in self.points if n > other_tokens})
-        return CostModel(tuple((n, self.ms(other_tokens + n)) for n in sizes))
+        times = _interpolate(self.points, other_tokens + np.array(sizes, dtype=np.float64))
+        return CostModel(tuple(zip(sizes, times.tolist())))
 
 
 @functools.lru_cache(maxsize=1024)
 def _table(points: tuple[tuple[int, float], ...], max_tokens: int) -> np.ndarray:
+    out = _interpolate(points, np.arange(max_tokens + 1, dtype=np.float64))
+    out.flags.writeable = False
+    return out
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], tokens: np.ndarray) -> np.ndarray:
+    """Milliseconds at each of `tokens`: linear between the points, the last segment extended past them."""
     sizes = np.array([n for n, _ in points], dtype=np.float64)
     times = np.array([t for _, t in points], dtype=np.float64)
-    n = np.arange(max_tokens + 1, dtype=np.float64)
-    out = np.interp(n, sizes, times)
-    if len(sizes) > 1 and max_tokens > sizes[-1]:
+    out = np.interp(tokens, sizes, times)
+    if len(sizes) > 1:
         slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
-        beyond = n > sizes[-1]
-        out[beyond] = times[-1] + slope * (n[beyond] - sizes[-1])
-    out.flags.writeable = False
+        beyond = tokens > sizes[-1]
+        out[beyond] = times[-1] + slope * (tokens[beyond] - sizes[-1])
     return out

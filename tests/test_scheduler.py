@@ -148,10 +148,13 @@ def decode_alone(prompt: list[int], tokens: int) -> list[int]:
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_another_session_keeps_decoding_in_every_step():
     """max_batch_tokens 24: a 100-token prompt takes five steps; the decoding session is served in each of
-    them instead of waiting for the whole prefill; both outputs are what they are alone."""
+    them instead of waiting for the whole prefill; both outputs are what they are alone. (Each step waits
+    for the decoding session's next verification up to max(gather_ms, 10% of a step): 50 ms here, so that
+    its thread's wake-up on a loaded machine, which can take more than a millisecond, cannot decide the
+    outcome.)"""
     prompt, other_prompt = [(7 * i) % 61 + 1 for i in range(100)], [5, 6, 7]
     want, other_want = decode_alone(prompt, 8), decode_alone(other_prompt, 12)
-    s = make(limits=StepLimits(max_batch_tokens=24), gather_ms=1)
+    s = make(limits=StepLimits(max_batch_tokens=24), gather_ms=50)
     steps, reports = [], []
     s.on_step = steps.append
     (other,) = open_many(s, [other_prompt])
