@@ -8,6 +8,10 @@
 #       grpcio-reflection==1.85.1 platformdirs
 #   (device tool) run: bash bench/gpu_session.sh   carry: [".whl", "protos/gen"]
 #
+# `bash bench/gpu_session.sh round-split` (a second call: the first nearly fills one call's 600 s) times a
+# served round's legs instead, with the verifier in its own process (bench/round_split.py): SmolLM2's shape
+# compiled, and a bare gRPC server holding each round for as long as SmolLM2's pass, the floor beside it.
+#
 # GPU_BENCH_ARGS overrides the sweep's arguments (by default with compiled layers, as `specedge serve` runs on a
 # GPU; Gemma 3's shape in place of the 1B's, whose compiled timings run 9 has and Gemma's compiled layers lack);
 # results land in $OUT (cuda-tests.log, gpu.json, gpu.log).
@@ -28,6 +32,13 @@ export PYTHONPATH=/tmp/site:/tmp/pkg
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, grpc; print('torch', torch.__version__, 'transformers', transformers.__version__,
 'grpc', grpc.__version__)"
+
+if [ "${1:-}" = round-split ]; then
+    timeout 300 python3 bench/round_split.py --shape smollm2-135m --device cuda --dtype bfloat16 --compile on \
+        --rounds 200 --reps 3 2>&1 | tee "$OUT/round-split.log" | grep -v "^W" | tail -4
+    timeout 120 python3 bench/round_split.py --floor-ms 3 --rounds 400 --reps 3 2>&1 | tee -a "$OUT/round-split.log" | tail -3
+    exit 0
+fi
 
 timeout "${TEST_TIMEOUT:-180}" python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_engine_parity.py \
     tests/test_engine_devices.py tests/test_engine_sampling.py tests/test_grpc_cuda.py > "$OUT/cuda-tests.log" 2>&1

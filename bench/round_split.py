@@ -1,26 +1,26 @@
 """Where a served round's time goes besides the engine's pass: one client on loopback gRPC, greedy rounds of
-empty trees against a verifier embedded in this process, each leg timed by one clock (BENCHMARKS.md section 9).
+empty trees against a verifier in a child process (its own interpreter and GIL, as deployed; engine steps on
+its main thread, as `specedge serve` runs them), each leg timed by one clock (BENCHMARKS.md section 9).
 
-    .venv/bin/python bench/round_split.py --model smollm2-135m --rounds 150
+    .venv/bin/python bench/round_split.py --model smollm2-135m --rounds 150 --pin 0,1
 
 Legs (medians over the rounds after the first 20): the client's send until the server has parsed the tree;
 until the scheduler has the request; until the engine's step starts (the scheduler's wait); the step; from the
-step's end until the server has built the verdict; until the client has it. The marks are set by wrapping the
-service's and scheduler's own methods, so what this measures is the served path itself.
+step's end until the server has built the verdict; until the client has it. The server's marks are set by
+wrapping the service's and scheduler's own methods, so what this measures is the served path itself; both
+processes read `time.perf_counter`, one system-wide monotonic clock on Linux.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
-
-from specedge.cloud.config import ServerConfig
-from specedge.cloud.launch import EmbeddedVerifier
-from specedge.common.draft_tree import DraftTree
-from specedge.common.params import SamplingParams
-from specedge.edge.transport import RemoteVerifier
 
 LEGS = ("send -> parsed", "parsed -> submitted", "submitted -> step", "step", "step -> verdict built",
         "verdict built -> client")
@@ -33,48 +33,153 @@ def timed(marks: list[float], fn):
     return wrapper
 
 
+def serve(args) -> None:
+    """The child: a verifier whose methods leave marks; prints its address, serves until stdin closes, printing
+    the marks as JSON for every line read."""
+    from specedge.cloud.config import ServerConfig
+    from specedge.cloud.launch import EmbeddedVerifier
+
+    config = ServerConfig(model=args.model, port=0, max_new_tokens=args.rounds + 8, device=args.device,
+                          dtype=args.dtype, compile=args.compile)
+    hf_and_tokenizer = None
+    if args.shape:  # random weights of a real architecture, served by token ids (a GPU machine has no weights)
+        from specedge.bench.gpu_bench import random_model
+        from specedge.cloud.device import engine_device
+
+        hf_and_tokenizer = random_model(args.shape, *engine_device(args.device, args.dtype)), None
+    verifier = EmbeddedVerifier(config, hf_and_tokenizer, scheduler_thread=False)
+    service, scheduler = verifier.service, verifier.service.scheduler
+    marks: dict[str, list[float]] = defaultdict(list)
+    service._tree = timed(marks["parsed"], service._tree)  # every tree, the open's included
+    scheduler.verify = timed(marks["submitted"], scheduler.verify)  # every tree but the open's
+    service._verdict = timed(marks["verdict built"], service._verdict)  # once the handler has the answer
+    step = scheduler.engine.step
+
+    def timed_step(*a, **k):
+        marks["step"].append(time.perf_counter())
+        try:
+            return step(*a, **k)
+        finally:
+            marks["step end"].append(time.perf_counter())
+
+    scheduler.engine.step = timed_step
+    print(verifier.target, flush=True)
+
+    def until_told() -> None:
+        for _ in sys.stdin:
+            print(json.dumps(marks), flush=True)
+            for m in marks.values():
+                m.clear()
+
+    verifier.run_engine_while(until_told)
+    verifier.stop()
+
+
+def serve_floor(hold_ms: float) -> None:
+    """The child of `--floor-ms`: a bare gRPC server (none of the service, scheduler or engine) that answers each
+    tree with the same verdict after holding its core `hold_ms`, as a step would: what loopback gRPC between
+    these processes costs with the same pause between rounds."""
+    import asyncio
+
+    import grpc
+
+    from specedge.common import wire
+    from specedge.common.cost_model import CostModel
+    from specedge.protos import verifier_pb2 as pb
+
+    cost = wire.cost_to_pb(CostModel(((0, hold_ms), (64, hold_ms))), 1)
+    verdict = pb.Verdict(tokens=[7], compute_ms=hold_ms, next_max_tree_tokens=64, cost=cost)
+    info = pb.VerifierInfo(model="floor", vocab_size=1024, limits=pb.Limits(max_tree_tokens=64), cost=cost)
+
+    async def session(requests, context):
+        async for raw in requests:
+            request = pb.SessionRequest.FromString(raw)
+            if request.WhichOneof("kind") == "close":
+                return
+            held = time.perf_counter() + hold_ms / 1e3
+            while time.perf_counter() < held:
+                pass
+            if request.WhichOneof("kind") == "open":
+                yield pb.SessionResponse(opened=pb.Opened(verdict=verdict)).SerializeToString()
+            else:
+                yield pb.SessionResponse(verdict=verdict).SerializeToString()
+
+    async def get_info(raw, context):
+        return info.SerializeToString()
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        handlers = {"Session": grpc.stream_stream_rpc_method_handler(session),
+                    "GetInfo": grpc.unary_unary_rpc_method_handler(get_info)}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("specedge.v1.Verifier", handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(f"127.0.0.1:{port}", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
+        await server.stop(None)
+
+    asyncio.run(run())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--shape", default="", help="serve random weights of this bench/gpu_bench.py shape instead")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--compile", default="auto")
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--pin", default="", help="CLIENT,VERIFIER: the core of each process (default: unpinned)")
+    ap.add_argument("--floor-ms", type=float, default=0.0,
+                    help="serve from a bare gRPC server that holds each round this long instead (see serve_floor)")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child's role
     args = ap.parse_args()
-    prompt = list(range(100, 164))
-    with EmbeddedVerifier(ServerConfig(model=args.model, port=0, max_new_tokens=args.rounds + 8)) as verifier:
-        service, scheduler = verifier.service, verifier.service.scheduler
-        engine = scheduler.engine
-        marks: dict[str, list[float]] = defaultdict(list)
-        service._tree = timed(marks["parsed"], service._tree)  # every tree, the open's included
-        scheduler.verify = timed(marks["submitted"], scheduler.verify)  # every tree but the open's
-        service._verdict = timed(marks["verdict built"], service._verdict)
-        step = engine.step
+    if args.serve:
+        return serve_floor(args.floor_ms) if args.floor_ms else serve(args)
 
-        def timed_step(*a, **k):
-            marks["step"].append(time.perf_counter())
-            try:
-                return step(*a, **k)
-            finally:
-                marks["step end"].append(time.perf_counter())
+    from specedge.common.draft_tree import DraftTree
+    from specedge.common.params import SamplingParams
+    from specedge.edge.transport import RemoteVerifier
 
-        engine.step = timed_step
+    client_cpu, verifier_cpu = (int(c) for c in args.pin.split(",")) if args.pin else (None, None)
+    pin = None if verifier_cpu is None else lambda: os.sched_setaffinity(0, {verifier_cpu})
+    child = subprocess.Popen([sys.executable, __file__, "--serve", *sys.argv[1:]], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=pin)
+    if client_cpu is not None:
+        os.sched_setaffinity(0, {client_cpu})
+    try:
+        target = child.stdout.readline().strip()
+        prompt = list(range(100, 164))
         for rep in range(args.reps):
-            for m in marks.values():
-                m.clear()
-            session = RemoteVerifier(verifier.target).open(prompt, SamplingParams(max_new_tokens=args.rounds + 4))
-            sent, got = [], []
+            verifier = RemoteVerifier(target)
+            session = verifier.open(prompt, SamplingParams(max_new_tokens=args.rounds + 4))
+            sent, got, held = [], [], []
             for _ in range(args.rounds):
                 sent.append(time.perf_counter())
-                session.step(DraftTree.empty())
+                held.append(session.step(DraftTree.empty()).compute_ms)
                 got.append(time.perf_counter())
             session.close()
+            verifier.close()
             legs = defaultdict(list)
-            for i in range(20, args.rounds):  # round i: the i-th tree (0: the open's)
-                at = [sent[i], marks["parsed"][i], marks["submitted"][i - 1], marks["step"][i], marks["step end"][i],
-                      marks["verdict built"][i], got[i]]
-                for leg, (a, b) in zip(LEGS, zip(at, at[1:])):
-                    legs[leg].append((b - a) * 1e3)
-                legs["round"].append((got[i] - sent[i]) * 1e3)
-            print(f"rep {rep}: " + ", ".join(f"{leg} {statistics.median(v):.2f}" for leg, v in legs.items()) + " ms")
+            if args.floor_ms:
+                for i in range(20, args.rounds):
+                    legs["outside the hold"].append((got[i] - sent[i]) * 1e3 - held[i])
+            else:
+                child.stdin.write("marks\n")
+                child.stdin.flush()
+                marks = json.loads(child.stdout.readline())
+                for i in range(20, args.rounds):  # round i: the i-th tree (0: the open's)
+                    at = [sent[i], marks["parsed"][i], marks["submitted"][i - 1], marks["step"][i],
+                          marks["step end"][i], marks["verdict built"][i], got[i]]
+                    for leg, (a, b) in zip(LEGS, zip(at, at[1:])):
+                        legs[leg].append((b - a) * 1e3)
+                    legs["outside the step"].append((got[i] - sent[i] - at[4] + at[3]) * 1e3)
+            print(f"rep {rep}: " + ", ".join(f"{leg} {statistics.median(v):.2f}" for leg, v in legs.items()) + " ms",
+                  flush=True)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ class VerifierService:
         self.sessions_by_client: Counter[str] = Counter()
         self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
         self.draining = False  # no new sessions
-        self.migrating = asyncio.Event()  # live sessions leave now (a round in flight is dropped)
+        self.migrating = False  # live sessions leave now (a round in flight is dropped)
+        self._interruptible_work: set[asyncio.Future] = set()  # what sessions await, cancelled when they move
         self.on_drain: list = []  # called when draining starts (the server reports NOT_SERVING)
         self._loop = asyncio.get_running_loop()  # the server's: state above changes only on it
 
@@ -128,7 +129,7 @@ class VerifierService:
             if reports is not None:
                 try:
                     async for computed, total in reports.until_done(opening):
-                        if self.migrating.is_set():
+                        if self.migrating:
                             break
                         yield pb.SessionResponse(prefill_progress=pb.PrefillProgress(
                             computed=computed, total=total)).SerializeToString()
@@ -246,7 +247,9 @@ class VerifierService:
             self.draining = True
             for hook in self.on_drain:
                 hook()
-        self.migrating.set()
+        self.migrating = True
+        for work in list(self._interruptible_work):
+            work.cancel()
         live = sum(self.sessions_by_client.values())
         log_event("drain", sessions=live)
         return live
@@ -270,28 +273,35 @@ class VerifierService:
         read = asyncio.ensure_future(requests.__anext__())
         read.add_done_callback(_retrieved)  # also when the stream ends while nobody waits for it any more
         try:
-            if not await self._unless_migrating(read, self.config.idle_timeout_s):
-                if self.migrating.is_set():
-                    raise _moved()
-                raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"session idle for {self.config.idle_timeout_s:.0f} s; its KV blocks were released")
-        finally:
-            if not read.done():
-                read.cancel()
-        try:
-            raw = read.result()
+            raw = await self._interruptible(read, self.config.idle_timeout_s)
+        except TimeoutError:
+            raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"session idle for {self.config.idle_timeout_s:.0f} s; its KV blocks were released")
         except StopAsyncIteration:
             return None
         return _parse(pb.SessionRequest, raw)
 
-    async def _unless_migrating(self, work: asyncio.Future, timeout: float | None = None) -> bool:
-        """Wait for `work` until a drain starts (or `timeout` passes); whether it finished."""
-        migrate = asyncio.ensure_future(self.migrating.wait())
+    async def _interruptible(self, work: asyncio.Future, timeout: float | None = None):
+        """`work`'s result, unless a drain starts first (-> _moved()) or `timeout` passes (-> TimeoutError);
+        both cancel `work`. Cancelling the awaited future itself, not racing it against another, keeps a
+        served round at one wake-up of this loop for each answer it waits for."""
+        if self.migrating:
+            work.cancel()
+            raise _moved()
+        self._interruptible_work.add(work)
+        timer = None if timeout is None else self._loop.call_later(timeout, work.cancel)
         try:
-            done, _ = await asyncio.wait({work, migrate}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            return await work
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # the handler itself is cancelled: the client went away
+                raise
+            if self.migrating:
+                raise _moved() from None
+            raise TimeoutError from None
         finally:
-            migrate.cancel()
-        return work in done
+            self._interruptible_work.discard(work)
+            if timer is not None:
+                timer.cancel()
 
     def _validate_open(self, prompt_ids, params_msg, draft_msg, fingerprint: str):
         if self.draining:
@@ -354,16 +364,13 @@ class VerifierService:
     async def _unless_moved(self, future):
         """The scheduler's answer, unless a drain moves the session first: then its work is dropped (nothing
         it would commit has reached the client, which replays from what it has) and the stream ends."""
-        answer = asyncio.ensure_future(self._await(future))
-        answer.add_done_callback(_retrieved)
         try:
-            if not await self._unless_migrating(answer):
-                raise _moved()
-            return answer.result()
-        finally:  # moved, or the client went away: drop the work
-            if not answer.done():
-                answer.cancel()
-                self._drop(future)
+            return await self._interruptible(asyncio.wrap_future(future))
+        except (_Abort, asyncio.CancelledError):  # moved, or the client went away: drop the work
+            self._drop(future)
+            raise
+        except Exception as e:
+            raise _scheduler_error(e)
 
     def _drop(self, future) -> None:
         """Nobody will read the scheduler's answer: cancel it, or, answered (or being answered) just now,
@@ -379,13 +386,8 @@ class VerifierService:
     async def _await(self, future):
         try:
             return await asyncio.wrap_future(future)
-        except KVPoolExhausted as e:  # when it may succeed later, say when (the client resumes then)
-            retry = () if e.retry_after_s is None else ((wire.RETRY_AFTER_MS, str(round(e.retry_after_s * 1e3))),)
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), retry)
-        except ValueError as e:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except RuntimeError as e:
-            raise _Abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except Exception as e:
+            raise _scheduler_error(e)
 
     def _verdict(self, o: StepOutcome) -> pb.Verdict:
         self.metrics.accepted.observe(len(o.verdict.tokens))
@@ -410,6 +412,18 @@ class _PrefillReports:
         opening.add_done_callback(lambda _: self._loop.call_soon_threadsafe(self._queue.put_nowait, None))
         while (report := await self._queue.get()) is not None:
             yield report
+
+
+def _scheduler_error(e: Exception) -> Exception:
+    """A scheduler's failure as the status the client gets (anything else as it is)."""
+    if isinstance(e, KVPoolExhausted):  # when it may succeed later, say when (the client resumes then)
+        retry = () if e.retry_after_s is None else ((wire.RETRY_AFTER_MS, str(round(e.retry_after_s * 1e3))),)
+        return _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), retry)
+    if isinstance(e, ValueError):
+        return _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    if isinstance(e, RuntimeError):
+        return _Abort(grpc.StatusCode.UNAVAILABLE, str(e))
+    return e
 
 
 def _moved() -> _Abort:
