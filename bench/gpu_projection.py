@@ -12,7 +12,9 @@ machine's CPU: the draft, and the drafter's and the tree-size controller's `obse
 it; before 2026-11-27 only the draft was counted; since 2026-11-28 not what the drafter learns from a verdict
 while the next is on its way); plain decoding costs one one-token pass per token at the
 same context. The drafter sizes its trees from the GPU's cost curve, as it would from a GPU verifier's
-advertised cost model.
+advertised cost model. `--round-ms` adds a served round's way to the verifier and back besides the
+pass (gRPC, the verifier's thread hand-offs; bench/round_split.py measures it) to every round; by default it
+is left out.
 
 Sixteen clients: a step of 16 sessions with t + 1 tokens each costs what the GPU measured for it; each
 session commits A(t) tokens per step (the same replay with trees capped at t nodes); a client's round is
@@ -50,9 +52,11 @@ def single_session_costs(shape: dict, hints: int) -> dict[int, CostModel]:
     return {c: CostModel(tuple(sorted(points))) for c, points in by_context.items()}
 
 
-def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints: dict | None) -> list[dict]:
+def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints: dict | None,
+           round_ms: float = 0.0) -> list[dict]:
     """Per prompt: tokens after the first pass, passes, tree nodes, the edge's ms and pass ms (cost_of(context)
-    prices each pass); `hints`: the target's recorded top k per output position (None: no hints)."""
+    prices each pass); `hints`: the target's recorded top k per output position (None: no hints); `round_ms`:
+    what each round costs besides pass and edge, as the verdicts report it to the tree-size controller."""
     drafter = make_drafter(drafter_name, max_nodes=max_tree, tokenizer=recorded.tokenizer, eos_ids=recorded.eos_ids)
     controller = TreeSizeController(max_tree)
     out = []
@@ -60,7 +64,8 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
         ids = recorded.prompt_ids[p.id]
         cost = cost_of(len(ids))
         given = hints.get(p.id) if hints is not None and hints_wanted(drafter) else None
-        session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost, hints=given)
+        session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost, rtt_ms=round_ms,
+                                hints=given)
         observe_ms: list[float] = []
         # A drafter's `learn` (RetrievalDrafter.learn) is left out: where the session sends without waiting, as a
         # remote verifier's does, the generation loop calls it while the verdict is on its way.
@@ -72,7 +77,7 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
         out.append({"prompt": p.id, "category": p.category, "context": len(ids), "tokens": len(r.token_ids) - 1,
                     "passes": r.rounds - 1, "nodes": sum(r.tree_sizes[1:]),
                     "edge_ms": sum(r.draft_ms[1:]) + sum(observe_ms) - sum(first),
-                    "pass_ms": sum(session.pass_ms[1:])})
+                    "pass_ms": sum(session.pass_ms[1:]), "round_ms": (r.rounds - 1) * round_ms})
     return out
 
 
@@ -111,6 +116,9 @@ def main() -> None:
     ap.add_argument("--hints", action="store_true",
                     help="verdicts carry the verifier's hints as far as the recorded output tells them (replay.py's "
                          "`--hints on-path`), and passes cost what the GPU measured with hints")
+    ap.add_argument("--round-ms", type=float, default=0.0,
+                    help="add this to every round for its way to the verifier and back besides the pass (gRPC, the "
+                         "scheduler's hand-offs: bench/round_split.py's `outside the step`); 0 leaves it out")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     gpu = json.loads(args.gpu.read_text())
@@ -119,7 +127,7 @@ def main() -> None:
     hints = recorded_hints(args.runs, args.model, recorded.prompt_ids, recorded.refs) if args.hints else None
     hint_tokens = DEFAULT_HINTS_TOP_K if args.hints else 0
     results = {"gpu": gpu["info"], "runs": str(args.runs), "model": args.model, "drafter": args.drafter,
-               "hints": hint_tokens,
+               "hints": hint_tokens, "round_ms": args.round_ms,
                "prompts": len(recorded.prompts), "shapes": {}}
     print(f"{len(recorded.prompts)} recorded prompts of {args.model}; GPU: {gpu['info']}")
     for name in (args.shapes or args.model).split(","):
@@ -128,13 +136,13 @@ def main() -> None:
         if not costs:
             raise SystemExit(f"{args.gpu} has no one-session costs of {name} with {hint_tokens} hint tokens")
         nearest = lambda context, costs=costs: costs[min(costs, key=lambda c: abs(c - context))]  # noqa: E731
-        rows = replay(recorded, args.drafter, args.max_tree, nearest, hints)
+        rows = replay(recorded, args.drafter, args.max_tree, nearest, hints, args.round_ms)
         for r in rows:  # plain decoding: a one-token pass per token, no hints
             r["plain_ms"] = r["tokens"] * nearest(r["context"], plain).ms(0)
         single = {}
         for cat in sorted({r["category"] for r in rows}) + ["all"]:
             mine = [r for r in rows if cat in ("all", r["category"])]
-            spec_ms = sum(r["pass_ms"] + r["edge_ms"] for r in mine)
+            spec_ms = sum(r["pass_ms"] + r["edge_ms"] + r["round_ms"] for r in mine)
             single[cat] = {"speedup": sum(r["plain_ms"] for r in mine) / spec_ms,
                            "tokens_per_pass": sum(r["tokens"] for r in mine) / sum(r["passes"] for r in mine),
                            "nodes_per_pass": sum(r["nodes"] for r in mine) / sum(r["passes"] for r in mine),
@@ -151,10 +159,10 @@ def main() -> None:
         flat = CostModel(((0, 1.0), (1, 1.0)))  # trees always at their cap: the step price is the measured one
         many = {"server_ar_tok_s": CLIENTS / plain_steps[1] * 1e3, "by_tree": {}}
         for tokens_each in sorted(t for t in steps if t > 1):
-            rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints)
+            rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints, args.round_ms)
             per_step = sum(r["tokens"] for r in rows_t) / sum(r["passes"] for r in rows_t)
             edge_ms = sum(r["edge_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
-            tok_s = CLIENTS * per_step / (steps[tokens_each] + edge_ms) * 1e3
+            tok_s = CLIENTS * per_step / (steps[tokens_each] + edge_ms + args.round_ms) * 1e3
             many["by_tree"][tokens_each - 1] = {"tokens_per_step": per_step, "step_ms": steps[tokens_each],
                                                 "edge_ms": edge_ms, "tok_s": tok_s,
                                                 "vs_server_ar": tok_s / many["server_ar_tok_s"]}
