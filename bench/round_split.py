@@ -9,6 +9,10 @@ until the scheduler has the request; until the engine's step starts (the schedul
 step's end until the server has built the verdict; until the client has it. The server's marks are set by
 wrapping the service's and scheduler's own methods, so what this measures is the served path itself; both
 processes read `time.perf_counter`, one system-wide monotonic clock on Linux.
+
+`--shape NAME` serves random weights of a bench/gpu_bench.py shape (for a GPU machine, which has no weights);
+`--floor-ms H` serves from a bare gRPC server instead that holds each round H ms: what gRPC alone costs
+between the two processes with that pause between rounds (`outside the hold`).
 """
 
 from __future__ import annotations
