@@ -13,8 +13,9 @@ it; before 2026-11-27 only the draft was counted; since 2026-11-28 not what the 
 while the next is on its way); plain decoding costs one one-token pass per token at the
 same context. The drafter sizes its trees from the GPU's cost curve, as it would from a GPU verifier's
 advertised cost model. `--round-ms` adds a served round's way to the verifier and back besides the
-pass (gRPC, the verifier's thread hand-offs; bench/round_split.py measures it) to every round; by default it
-is left out.
+pass (gRPC, the verifier's thread hand-offs; bench/round_split.py measures it) to every round, and
+`--host-ms` bounds sixteen clients' steps, and server-side decoding's, by the verifier host's CPU time for
+their rounds (one interpreter handles them all); by default both are left out.
 
 Sixteen clients: a step of 16 sessions with t + 1 tokens each costs what the GPU measured for it; each
 session commits A(t) tokens per step (the same replay with trees capped at t nodes); a client's round is
@@ -119,6 +120,10 @@ def main() -> None:
     ap.add_argument("--round-ms", type=float, default=0.0,
                     help="add this to every round for its way to the verifier and back besides the pass (gRPC, the "
                          "scheduler's hand-offs: bench/round_split.py's `outside the step`); 0 leaves it out")
+    ap.add_argument("--host-ms", type=lambda v: tuple(float(x) for x in v.split(",")), default=(0.0, 0.0),
+                    metavar="ROUND,TOKEN", help="the verifier host's CPU time outside the step for a session's round "
+                    "and for a token of server-side decoding (round_split.py --generate): with 16 clients a step "
+                    "comes no oftener than 16 times it; 0,0 leaves it out")
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args()
     gpu = json.loads(args.gpu.read_text())
@@ -127,7 +132,7 @@ def main() -> None:
     hints = recorded_hints(args.runs, args.model, recorded.prompt_ids, recorded.refs) if args.hints else None
     hint_tokens = DEFAULT_HINTS_TOP_K if args.hints else 0
     results = {"gpu": gpu["info"], "runs": str(args.runs), "model": args.model, "drafter": args.drafter,
-               "hints": hint_tokens, "round_ms": args.round_ms,
+               "hints": hint_tokens, "round_ms": args.round_ms, "host_ms": args.host_ms,
                "prompts": len(recorded.prompts), "shapes": {}}
     print(f"{len(recorded.prompts)} recorded prompts of {args.model}; GPU: {gpu['info']}")
     for name in (args.shapes or args.model).split(","):
@@ -157,12 +162,16 @@ def main() -> None:
         plain_steps = {r["tokens_each"]: r["ms"] for r in shape["by_sessions"]
                        if r["sessions"] == CLIENTS and r.get("hints", 0) == 0}
         flat = CostModel(((0, 1.0), (1, 1.0)))  # trees always at their cap: the step price is the measured one
-        many = {"server_ar_tok_s": CLIENTS / plain_steps[1] * 1e3, "by_tree": {}}
+        # The verifier's host handles every session's round (a speculative round, or a token of server-side
+        # decoding) on one interpreter: a step of CLIENTS sessions comes no oftener than CLIENTS times that.
+        host_round_ms, host_token_ms = args.host_ms
+        many = {"server_ar_tok_s": CLIENTS / max(plain_steps[1], CLIENTS * host_token_ms) * 1e3, "by_tree": {}}
         for tokens_each in sorted(t for t in steps if t > 1):
             rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints, args.round_ms)
             per_step = sum(r["tokens"] for r in rows_t) / sum(r["passes"] for r in rows_t)
             edge_ms = sum(r["edge_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
-            tok_s = CLIENTS * per_step / (steps[tokens_each] + edge_ms + args.round_ms) * 1e3
+            cycle_ms = max(steps[tokens_each] + edge_ms + args.round_ms, CLIENTS * host_round_ms)
+            tok_s = CLIENTS * per_step / cycle_ms * 1e3
             many["by_tree"][tokens_each - 1] = {"tokens_per_step": per_step, "step_ms": steps[tokens_each],
                                                 "edge_ms": edge_ms, "tok_s": tok_s,
                                                 "vs_server_ar": tok_s / many["server_ar_tok_s"]}

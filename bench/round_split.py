@@ -8,7 +8,11 @@ Legs (medians over the rounds after the first 20): the client's send until the s
 until the scheduler has the request; until the engine's step starts (the scheduler's wait); the step; from the
 step's end until the server has built the verdict; until the client has it. The server's marks are set by
 wrapping the service's and scheduler's own methods, so what this measures is the served path itself; both
-processes read `time.perf_counter`, one system-wide monotonic clock on Linux.
+processes read `time.perf_counter`, one system-wide monotonic clock on Linux. Last, the verifier's CPU time
+a round outside its steps (every thread's: gRPC, the event loop, the scheduler; the step's is its thread's,
+so on a CPU pin the verifier to one core, where the engine runs one thread): what each session's round costs
+the host, which the sessions of a batched step multiply (`--generate`: the same for a token of server-side
+decoding).
 
 `--shape NAME` serves random weights of a bench/gpu_bench.py shape (for a GPU machine, which has no weights);
 `--floor-ms H` serves from a bare gRPC server instead that holds each round H ms: what gRPC alone costs
@@ -61,19 +65,24 @@ def serve(args) -> None:
 
     def timed_step(*a, **k):
         marks["step"].append(time.perf_counter())
+        cpu = time.thread_time()
         try:
             return step(*a, **k)
         finally:
             marks["step end"].append(time.perf_counter())
+            marks["step cpu"].append(time.thread_time() - cpu)
 
     scheduler.engine.step = timed_step
     print(verifier.target, flush=True)
 
     def until_told() -> None:
+        since = time.process_time()
         for _ in sys.stdin:
+            marks["process cpu"] = [time.process_time() - since]  # every thread's, since the last report
             print(json.dumps(marks), flush=True)
             for m in marks.values():
                 m.clear()
+            since = time.process_time()
 
     verifier.run_engine_while(until_told)
     verifier.stop()
@@ -125,6 +134,13 @@ def serve_floor(hold_ms: float) -> None:
     asyncio.run(run())
 
 
+def ask_marks(child: subprocess.Popen) -> dict[str, list[float]]:
+    """The child's marks since it was last asked."""
+    child.stdin.write("marks\n")
+    child.stdin.flush()
+    return json.loads(child.stdout.readline())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -137,6 +153,8 @@ def main() -> None:
     ap.add_argument("--pin", default="", help="CLIENT,VERIFIER: the core of each process (default: unpinned)")
     ap.add_argument("--floor-ms", type=float, default=0.0,
                     help="serve from a bare gRPC server that holds each round this long instead (see serve_floor)")
+    ap.add_argument("--generate", action="store_true", help="also the verifier's CPU a token of server-side "
+                    "decoding (the Generate RPC), outside its steps")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child's role
     args = ap.parse_args()
     if args.serve:
@@ -164,21 +182,28 @@ def main() -> None:
                 held.append(session.step(DraftTree.empty()).compute_ms)
                 got.append(time.perf_counter())
             session.close()
-            verifier.close()
             legs = defaultdict(list)
             if args.floor_ms:
                 for i in range(20, args.rounds):
                     legs["outside the hold"].append((got[i] - sent[i]) * 1e3 - held[i])
             else:
-                child.stdin.write("marks\n")
-                child.stdin.flush()
-                marks = json.loads(child.stdout.readline())
+                marks = ask_marks(child)
                 for i in range(20, args.rounds):  # round i: the i-th tree (0: the open's)
                     at = [sent[i], marks["parsed"][i], marks["submitted"][i - 1], marks["step"][i],
                           marks["step end"][i], marks["verdict built"][i], got[i]]
                     for leg, (a, b) in zip(LEGS, zip(at, at[1:])):
                         legs[leg].append((b - a) * 1e3)
                     legs["outside the step"].append((got[i] - sent[i] - at[4] + at[3]) * 1e3)
+                # CPU time, not a median: the whole repetition's, the open and the close included
+                outside = marks["process cpu"][0] - sum(marks["step cpu"])
+                legs["verifier CPU outside the step"] = [outside / args.rounds * 1e3]
+                if args.generate:
+                    produced = sum(len(t) for t in verifier.server_generate(prompt, SamplingParams(
+                        max_new_tokens=args.rounds)))
+                    marks = ask_marks(child)
+                    outside = marks["process cpu"][0] - sum(marks["step cpu"])
+                    legs["Generate: verifier CPU outside the step a token"] = [outside / produced * 1e3]
+            verifier.close()
             print(f"rep {rep}: " + ", ".join(f"{leg} {statistics.median(v):.2f}" for leg, v in legs.items()) + " ms",
                   flush=True)
     finally:

@@ -25,12 +25,12 @@ def legs(*args: str) -> dict[str, float]:
 
 @pytest.mark.real_model
 def test_a_served_rounds_legs_are_each_measured():
-    got = legs("--model", "smollm2-135m")
+    got = legs("--model", "smollm2-135m", "--generate")
     parts = ["send -> parsed", "parsed -> submitted", "submitted -> step", "step -> verdict built",
              "verdict built -> client"]
-    assert set(parts) | {"step", "outside the step"} == set(got)
-    assert all(got[leg] > 0 for leg in parts)
-    assert got["step"] > 0 and got["outside the step"] > 0
+    host = {"verifier CPU outside the step", "Generate: verifier CPU outside the step a token"}
+    assert set(parts) | {"step", "outside the step"} | host == set(got)
+    assert all(got[leg] > 0 for leg in got)
 
 
 def test_the_bare_grpc_floor_holds_each_round_and_reports_what_is_outside_the_hold():
