@@ -30,7 +30,8 @@ def test_a_served_rounds_legs_are_each_measured():
              "verdict built -> client"]
     host = {"verifier CPU outside the step", "Generate: verifier CPU outside the step a token"}
     assert set(parts) | {"step", "outside the step"} | host == set(got)
-    assert all(got[leg] > 0 for leg in got)
+    assert all(got[leg] >= 0 for leg in parts)  # a short leg may print as 0.00 ms
+    assert all(got[total] > 0 for total in ["step", "outside the step", *host])
 
 
 def test_the_bare_grpc_floor_holds_each_round_and_reports_what_is_outside_the_hold():
