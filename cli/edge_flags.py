@@ -20,7 +20,8 @@ def add_edge_flags(parser: argparse.ArgumentParser, default_drafter: str) -> Non
     parser.add_argument("--no-hints", action="store_true", help="do not ask the verifier for its top tokens at "
                         "each verified position (the drafter then drafts from retrieval alone)")
     parser.add_argument("--no-overlap", action="store_true", help="never send a tree ahead of the verdict in "
-                        "flight (by default one goes out when the round trip is longer than a verification pass)")
+                        "flight (by default one goes out where that pays more than waiting a round trip for "
+                        "the verdict)")
     parser.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                         help="files or directories for the long-term datastore, or a datastore built with "
                         "`specedge index build` (repeatable); built once and cached")

@@ -4,10 +4,17 @@ whether to send a second tree ahead of the verdict in flight over a long round t
 
 from __future__ import annotations
 
+import numpy as np
+
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES, best_tree_size
+
+
+# A tree ahead must promise this much more than waiting: while it is in flight, a draft made after the verdict
+# before it (which may find far more once that verdict's tokens are known) waits a pass longer.
+AHEAD_MARGIN = 1.1
 
 
 class TreeSizeController:
@@ -33,18 +40,43 @@ class TreeSizeController:
         probs = draft.accept_probs[:cap]
         return best_tree_size(probs, cost.table(len(probs)), overhead_ms=self.overhead_ms, most_tokens=remaining)
 
-    def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int) -> int:
-        """Nodes of `draft` to send ahead of the verdict in flight (0: wait for it instead). The verifier
-        verifies what is left of them once that verdict is committed, and answers a pass after it instead
-        of a round trip after: worth it when the round trip is longer than that pass. The first `covered`
-        nodes stand for what the verdict in flight may commit; as many again as a round of its own would
-        send go below them."""
+    def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int) -> int | None:
+        """Nodes of `draft` to send ahead of the verdict in flight (None: wait for it instead). The verifier
+        verifies what is left of them once that verdict is committed and answers a pass after it, where
+        waiting would answer a round trip and a pass after it: a tree ahead keeps the verifier busy during
+        the round trip but is drafted a verdict earlier, so it is worth less. The first `covered` nodes
+        stand for what the verdict in flight may commit; the nodes below them are what the tree ahead adds.
+
+        Both ways are priced in expected committed tokens per millisecond. Waiting: the tree `choose`
+        sends, a round trip and its pass later. Ahead: one token (the pass's own) plus the nodes below the
+        covered ones that the verdict in flight cannot commit itself (a child of a covered node would be
+        its bonus token), every pass or every half round trip and pass, whichever is longer (two trees in
+        flight). Whether to go ahead is priced as it goes once trees follow each other, each covering what
+        is left of the one before after a verdict, which is little (nothing covered), and must beat waiting
+        by AHEAD_MARGIN; how many nodes, by what this tree covers."""
         if not self.overlap:
-            return 0
-        own = max(1, self.choose(draft, cost, remaining))
-        if self.overhead_ms <= cost.ms(own):
-            return 0
-        return min(len(draft), covered + own)  # the caps bound what is verified, `own` (see `choose`)
+            return None
+        wait = self.choose(draft, cost, remaining)
+        if draft.accept_probs is None:  # nothing to price it by: ahead when the trip outlasts the pass
+            return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
+        probs = np.asarray(draft.accept_probs, dtype=np.float64)
+        waiting = min(remaining, 1.0 + probs[:wait].sum()) / (self.overhead_ms + cost.ms(wait))
+        if self._ahead_rate(draft, probs, cost, remaining, covered=0)[1] <= AHEAD_MARGIN * waiting:
+            return None
+        return covered + self._ahead_rate(draft, probs, cost, remaining, covered)[0]
+
+    def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int
+                    ) -> tuple[int, float]:
+        """(n, expected tokens per ms) of the best n nodes below the first `covered` to send ahead (the fixed
+        size where there is one)."""
+        cap = self.max_nodes if self.server_cap is None else min(self.max_nodes, self.server_cap)
+        below = np.arange(covered, min(len(draft), covered + cap))
+        adds = np.where(np.asarray(draft.parents, dtype=np.int64)[below] >= covered, probs[below], 0.0)
+        expected = np.minimum(1.0 + np.concatenate(([0.0], np.cumsum(adds))), remaining)
+        pass_ms = cost.table(len(below))
+        rate = expected / (pass_ms + np.maximum(0.0, (self.overhead_ms - pass_ms) / 2))
+        n = min(self.fixed, len(below)) if self.fixed is not None else int(np.argmax(rate))
+        return n, float(rate[n])
 
     def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
         """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A

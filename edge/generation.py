@@ -166,7 +166,7 @@ def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_fl
     if len(out) + most >= max_new_tokens:
         return
     size = controller.ahead(draft, session.cost_model(), max_new_tokens - len(out) - most, len(left))
-    if size == 0:
+    if size is None:
         return
     tree = draft.prefix(min(size, session.max_tree_tokens))
     session.send(tree, root_length=len(session.prompt_ids) + len(out))

@@ -1,7 +1,7 @@
 """The edge's choice of tree size on synthetic acceptance and cost models: trees grow with the round trip,
 shrink as the verifier's load uses up the cheap part of its pass, never exceed the verifier's per-round cap,
 and a fixed size (for experiments) is sent as asked; a second tree goes out ahead of the verdict in flight
-only when the round trip is longer than the pass it would wait for."""
+when its expected tokens per millisecond beat waiting a round trip for that verdict."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from specedge.edge.controller import TreeSizeController
 LINEAR = CostModel(((0, 20.0), (64, 84.0)))  # a CPU-like pass: 20 ms plus 1 ms per draft token
 # A GPU-like pass: flat while the step is small, then each token costs (the batch fills the device).
 FLAT_THEN_LINEAR = CostModel(((0, 20.0), (32, 20.0), (256, 244.0)))
+SLOW = CostModel(((0, 120.0), (64, 312.0)))  # a slow CPU's pass: 120 ms plus 3 ms per draft token
 
 
 def chain(accept: float, n: int = 64) -> DraftTree:
@@ -72,16 +73,40 @@ def test_a_fixed_size_is_sent_whatever_the_estimates_within_the_draft():
     assert controller.choose(chain(0.99, n=5), LINEAR, remaining=1000) == 5  # a draft of 5 nodes has no more
 
 
-def test_a_tree_goes_out_ahead_only_when_the_round_trip_is_longer_than_the_pass():
-    draft = chain(0.85)
-    near = TreeSizeController(max_nodes=16, overhead_ms=5)
-    assert near.ahead(draft, LINEAR, remaining=1000, covered=6) == 0  # a 5 ms trip: wait for the verdict
+def test_over_no_or_a_short_round_trip_the_edge_waits_for_the_verdict_instead_of_sending_ahead():
+    """A tree drafted a verdict earlier is worth less, and waiting costs no more than a few ms here."""
+    for accept in (0.5, 0.8, 0.95):
+        assert TreeSizeController(max_nodes=16, overhead_ms=0).ahead(chain(accept), LINEAR, 1000, covered=6) is None
+    assert TreeSizeController(max_nodes=16, overhead_ms=5).ahead(chain(0.8), LINEAR, 1000, covered=9) is None
+    assert TreeSizeController(max_nodes=16, overhead_ms=80, overlap=False).ahead(chain(0.85), LINEAR, 1000, 6) is None
+
+
+@pytest.mark.parametrize("cost", [LINEAR, SLOW], ids=["pass-shorter-than-the-trip", "pass-longer-than-the-trip"])
+def test_over_a_long_round_trip_a_tree_goes_out_ahead_holding_the_nodes_the_verdict_in_flight_may_commit(cost):
+    """Waiting leaves the verifier idle for a round trip per verdict; a tree ahead costs a pass. That pays even
+    where the pass is longer than the trip (a slow CPU verifier: 120 ms and more against 80)."""
+    controller = TreeSizeController(max_nodes=16, overhead_ms=80)
+    covered = controller.choose(chain(0.7), cost, remaining=1000)
+    assert cost.ms(covered) > 80 or cost is LINEAR
+    size = controller.ahead(chain(0.7), cost, remaining=1000, covered=covered)
+    assert size is not None and size >= covered
+
+
+def test_a_tree_ahead_is_priced_by_the_nodes_below_what_the_verdict_in_flight_can_commit():
+    """Only nodes below the covered ones add tokens (a child of a covered node would be that verdict's bonus
+    token): a draft with nothing deep is sent ahead only as the bare pass's one token, if at all, and a
+    draft with more below goes out with more nodes."""
     far = TreeSizeController(max_nodes=16, overhead_ms=80)
-    own = far.choose(draft, LINEAR, remaining=1000)
-    assert LINEAR.ms(own) < 80
-    assert far.ahead(draft, LINEAR, remaining=1000, covered=6) == 6 + own  # below what may be committed
-    assert far.ahead(chain(0.85, n=10), LINEAR, remaining=1000, covered=6) == 10  # no more than the draft
-    assert TreeSizeController(max_nodes=16, overhead_ms=80, overlap=False).ahead(draft, LINEAR, 1000, 6) == 0
+    star = DraftTree(list(range(12)), [-1] * 12, accept_probs=[0.05] * 12)  # 12 alternatives for one token
+    assert far.ahead(star, LINEAR, remaining=1000, covered=6) == 6  # the pass's own token alone pays
+    deep = far.ahead(chain(0.95), LINEAR, remaining=1000, covered=6)
+    assert deep is not None and deep > 7
+    assert far.ahead(chain(0.95, n=10), LINEAR, remaining=1000, covered=6) <= 10  # no more than the draft
+
+
+def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
+    fixed = TreeSizeController(max_nodes=64, overhead_ms=80, fixed=8)
+    assert fixed.ahead(chain(0.95), LINEAR, remaining=1000, covered=6) == 6 + 8
 
 
 def test_a_tree_sent_ahead_tells_nothing_of_the_round_trip():
