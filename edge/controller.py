@@ -51,9 +51,9 @@ class TreeSizeController:
         sends, a round trip and its pass later. Ahead: one token (the pass's own) plus the nodes below the
         covered ones that the verdict in flight cannot commit itself (a child of a covered node would be
         its bonus token), every pass or every half round trip and pass, whichever is longer (two trees in
-        flight). Whether to go ahead is priced as it goes once trees follow each other, each covering what
-        is left of the one before after a verdict, which is little (nothing covered), and must beat waiting
-        by AHEAD_MARGIN; how many nodes, by what this tree covers."""
+        flight). Whether to go ahead at all is priced as in a pipeline under way, where a tree covers only
+        what is left of the one before it after a verdict, which is little (as if nothing were covered),
+        and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover."""
         if not self.overlap:
             return None
         wait = self.choose(draft, cost, remaining)
