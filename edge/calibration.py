@@ -34,10 +34,6 @@ class Calibration:
         """P(node accepted | its parent accepted) for nodes of these raw conditional probabilities."""
         return self.generation.apply(self._long_run(self.buckets(raw)))
 
-    def bucket_probs(self) -> np.ndarray:
-        """`probs` of every bucket, lowest first (one value per bucket: cheaper than `probs` for many raw)."""
-        return self.generation.apply(self._long_run(np.arange(len(EDGES) + 1)))
-
     def _long_run(self, b: np.ndarray) -> np.ndarray:
         return (self.accepted[b] + PRIOR_WEIGHT * self._prior[b]) / (self.reached[b] + PRIOR_WEIGHT)
 

@@ -33,7 +33,6 @@ JUDGED = 8  # the draft's best nodes whose estimates the table's rows correct (a
 AGREEMENT = (0.1, 0.5)  # a row's probability for a judged node's token: under, between, over; or absent
 JUDGE_PRIOR = 4.0  # a class's correction starts at 1 with this many nodes' worth of belief
 _TOKEN_BITS = 20  # context keys pack tokens into one int: vocabularies up to 2**20 (Gemma 3's is 2**18)
-_BYTE_BUCKET = Calibration.buckets(np.arange(256) / 255)  # a probability byte's calibration bucket
 
 
 class RecyclingTable:
@@ -165,7 +164,7 @@ class Recycler:
         depth = draft.depths()
         child_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
         if self._luts is None:  # non-decreasing (a bucket no higher than any above it): a row's order kept
-            self._luts = [np.minimum.accumulate(c.bucket_probs()[::-1])[::-1][_BYTE_BUCKET].tolist()
+            self._luts = [np.minimum.accumulate(c.probs(np.arange(256) / 255)[::-1])[::-1].tolist()
                           for c in self.calibration]
         luts = self._luts
         best = max(lut[-1] for lut in luts)
