@@ -54,8 +54,8 @@ class EdgeClient:
     for the drafter: a Datastore, or paths of files or of a built datastore. `max_tree`: the most draft
     nodes a round sends; the verifier's own limit (read at connect) lowers it. `hints`: let the drafter draft
     from the verifier's own top tokens at every verified position, when both offer it (a few hundred bytes
-    a round). `overlap`: send the next tree ahead of the verdict in flight where
-    that pays (edge/controller.py, `ahead`). Thread-safe: concurrent generate and stream calls share the connection."""
+    a round). `overlap`: send the next tree ahead of the verdict in flight where that pays
+    (edge/controller.py, `ahead`). Thread-safe: concurrent generate and stream calls share the connection."""
 
     def __init__(self, targets: str | list[str], drafter: str = "retrieval", tokenizer=None,
                  corpus: Datastore | list[str | Path] | None = None, channel: ChannelConfig | None = None,
