@@ -97,6 +97,10 @@ def test_a_tree_sent_ahead_is_verified_below_what_the_verdict_before_it_committe
     # A tree that does not spell what was committed since its root: only the verifier's own next token.
     session.send(DraftTree.chain([(reference[10] + 1) % V, 7]), root_length=len(PROMPT) + 9)
     assert session.receive().tokens == [reference[10]]
+    # An empty tree ahead (what the controller sends where no draft is worth a node): the next token.
+    session.send(DraftTree.chain(reference[11:13]))
+    session.send(DraftTree.empty(), root_length=len(PROMPT) + 11)
+    assert session.receive().tokens == reference[11:14] and session.receive().tokens == [reference[14]]
     session.close()
 
 
