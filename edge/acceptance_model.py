@@ -45,7 +45,10 @@ class NodeStats:
         self.priors = self.share * BASE[match]
 
     def take(self, index: np.ndarray) -> NodeStats:
-        return NodeStats(self.long_term[index], self.match_len[index], self.share[index])
+        taken = object.__new__(NodeStats)  # what __post_init__ derived is taken too, not derived again
+        for name in ("long_term", "match_len", "share", "cells", "priors"):
+            setattr(taken, name, getattr(self, name)[index])
+        return taken
 
 
 class AcceptanceModel:

@@ -9,12 +9,15 @@ generations; within one, the estimates move by the generation's own shift (edge/
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from specedge.common.draft_tree import DraftTree
-from specedge.edge.generation_shift import GenerationShift
+from specedge.edge.generation_shift import GenerationShift, shifted_value
 
 EDGES = np.linspace(0.0, 1.0, 11)[1:-1]  # ten buckets of raw probability
+_EDGES = EDGES.tolist()
 PRIOR_WEIGHT = 4.0
 
 
@@ -32,10 +35,23 @@ class Calibration:
 
     def probs(self, raw: np.ndarray) -> np.ndarray:
         """P(node accepted | its parent accepted) for nodes of these raw conditional probabilities."""
-        return self.generation.apply(self._long_run(self.buckets(raw)))
+        return np.asarray(self.bucket_probs())[self.buckets(raw)]
+
+    def prob(self, raw: float) -> float:
+        """`probs` of one raw probability."""
+        return self.bucket_probs()[bisect.bisect_right(_EDGES, raw)]
+
+    def bucket_probs(self) -> list[float]:
+        """`probs` for each bucket of raw probability, lowest first (in Python: eleven values, read per draft)."""
+        shift = self.generation.value
+        return [shifted_value(p, shift) for p in self._long_run_buckets()]
 
     def _long_run(self, b: np.ndarray) -> np.ndarray:
-        return (self.accepted[b] + PRIOR_WEIGHT * self._prior[b]) / (self.reached[b] + PRIOR_WEIGHT)
+        return np.asarray(self._long_run_buckets())[b]
+
+    def _long_run_buckets(self) -> list[float]:
+        return [(a + PRIOR_WEIGHT * p) / (r + PRIOR_WEIGHT)
+                for a, r, p in zip(self.accepted.tolist(), self.reached.tolist(), self._prior.tolist())]
 
     def update(self, buckets: np.ndarray, accepted: np.ndarray) -> None:
         """Reached nodes' buckets and whether each was accepted."""

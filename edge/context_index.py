@@ -75,13 +75,13 @@ class ContextIndex:
         for k in sorted(KEYS, reverse=True):
             if k < min_len:
                 break
-            p, taken, steps = starts[k], 0, 0
+            p, taken, steps, prev = starts[k], 0, 0, self.prev[k]
             while p >= 0 and taken < max_occurrences and steps < 4 * max_occurrences:
                 if p not in seen and p < self.n - 1:  # the bigram chain's finds are on the unigram chain too
                     ends.append(p)
                     seen.add(p)
                     taken += 1
-                p, steps = self.prev[k][p], steps + 1
+                p, steps = prev.item(p), steps + 1  # (a Python int: numpy's scalars are slower to hash)
         ends = np.asarray(ends, dtype=np.int64)
         if len(ends) == 0:
             return ends, ends

@@ -274,7 +274,7 @@ class ModelDrafter:
             p = np.exp(logits - logits.max())
             p /= p.sum()
             for token in _most_likely(p, SPECULATION_BRANCH):
-                likelihood = -neg_likelihood * float(self.calibration.probs(p[token]))
+                likelihood = -neg_likelihood * self.calibration.prob(p[token])
                 if likelihood >= MIN_PATH and not self.model.is_end(token):
                     heapq.heappush(frontier, (-likelihood, sequence + (token,)))
 
@@ -328,7 +328,7 @@ class ModelDrafter:
             for rank, token in enumerate(best):
                 if rank and p[token] < SIBLING_MIN:
                     break
-                cond = float(self.calibration.probs(p[token]))
+                cond = self.calibration.prob(p[token])
                 nodes.append(_Node(token, parent, float(p[token]), path * cond))
             path = nodes[first].estimate
             if self.model.is_end(best[0]) or not self._worth_deeper(
@@ -351,7 +351,7 @@ class ModelDrafter:
                 break
             chain.append(token)
             conds.append(float(p[token]))
-            path *= float(self.calibration.probs(p[token]))
+            path *= self.calibration.prob(p[token])
             expected += path
             if not self._worth_deeper(path, expected, len(chain), self._known(chain)):
                 break
@@ -380,7 +380,7 @@ class ModelDrafter:
                 prev_raw = raw_path
                 continue
             raw = min(1.0, raw_path / prev_raw if prev_raw > 0 else 0.0) * penalty
-            estimate *= float(self.calibration.probs(raw))
+            estimate *= self.calibration.prob(raw)
             nodes.append(_Node(token, parent, raw, estimate))
             parent, prev_raw, penalty = len(nodes) - 1, raw_path, 1.0
 
@@ -405,7 +405,7 @@ class ModelDrafter:
             first = len(nodes)
             estimate = path
             for rank, j in enumerate(draws.tolist()):
-                estimate = min(estimate, path * float(self.calibration.probs(q[rank])))
+                estimate = min(estimate, path * self.calibration.prob(q[rank]))
                 nodes.append(_Node(self._target(int(ids[j])), parent, float(q[rank]), estimate))
             main = int(ids[draws[0]])
             path = nodes[first].estimate

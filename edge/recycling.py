@@ -32,7 +32,9 @@ PRIOR_SCALE = (0.5, 0.9)
 JUDGED = 8  # the draft's best nodes whose estimates the table's rows correct (agreeing or not)
 AGREEMENT = (0.1, 0.5)  # a row's probability for a judged node's token: under, between, over; or absent
 JUDGE_PRIOR = 4.0  # a class's correction starts at 1 with this many nodes' worth of belief
-_TOKEN_BITS = 20  # context keys pack tokens into one int: vocabularies up to 2**20 (Gemma 3's is 2**18)
+_TOKEN_BITS = 20  # context keys pack tokens into one int, rows a hint's id with its probability byte into an
+# int32: vocabularies up to 2**20 tokens (Gemma 3's is 2**18)
+BUCKET = Calibration.buckets(np.arange(256) / 255).tolist()  # a hint's probability byte -> its calibration bucket
 
 
 class RecyclingTable:
@@ -41,11 +43,11 @@ class RecyclingTable:
 
     def __init__(self, k: int) -> None:
         self.k = k
-        self._ids: np.ndarray | None = None  # [V, k] token ids, -1 = none
-        self._probs: np.ndarray | None = None  # [V, k] probability bytes (p * 255)
-        self._slot: dict[int, int] = {}  # context key (_key) -> row of the arrays below
-        self._context_ids = np.full((MAX_CONTEXT_ROWS, k), -1, dtype=np.int32)
-        self._context_probs = np.zeros((MAX_CONTEXT_ROWS, k), dtype=np.uint8)
+        # Rows packed one entry per hint, token id << 8 | probability byte (p * 255), -1 = none: a row is read
+        # with one numpy call (a draft reads ~40 a round).
+        self._rows: np.ndarray | None = None  # [V, k] by token
+        self._slot: dict[int, int] = {}  # context key (_key) -> row of the array below
+        self._context_rows = np.full((MAX_CONTEXT_ROWS, k), -1, dtype=np.int32)
         self._next_slot = 0
         self._free: list[int] = []
         self.tokens = 0  # tokens with a row
@@ -59,16 +61,18 @@ class RecyclingTable:
         known = [r for r, (context, ids) in enumerate(zip(contexts, hints.ids)) if ids and context[-1] >= 0]
         if not known:
             return  # rows nobody computed (the replay's off-path nodes)
-        ids = np.full((len(known), self.k), -1, dtype=np.int32)
+        ids = np.full((len(known), self.k), -1, dtype=np.int64)
         probs = np.zeros((len(known), self.k))
         for j, r in enumerate(known):  # one slice assignment per row: rows may be shorter than k
             row = hints.ids[r][: self.k]
             ids[j, : len(row)], probs[j, : len(row)] = row, hints.probs[r][: len(row)]
-        probs = np.rint(np.clip(probs, 0.0, 1.0) * 255).astype(np.uint8)
+        fits = (ids >= 0) & (ids < 1 << _TOKEN_BITS)  # (no vocabulary is larger: an id beyond is dropped)
+        packed = np.where(fits, ids << 8 | np.rint(np.clip(probs, 0.0, 1.0) * 255).astype(np.int64), -1)
+        packed = np.take_along_axis(packed, np.argsort(~fits, axis=1, kind="stable"), axis=1).astype(np.int32)
         tokens = np.asarray([contexts[r][-1] for r in known])
-        self._grow_to(int(max(tokens.max(), ids.max())) + 1)
-        self.tokens += int((self._ids[np.unique(tokens), 0] < 0).sum())
-        self._ids[tokens], self._probs[tokens] = ids, probs
+        self._grow_to(int(tokens.max()) + 1)
+        self.tokens += int((self._rows[np.unique(tokens), 0] < 0).sum())
+        self._rows[tokens] = packed
         for n in range(2, CONTEXT + 1):
             rows, slots = [], []
             for j, r in enumerate(known):
@@ -78,28 +82,32 @@ class RecyclingTable:
                 slot = self._slot.pop(key, None)  # re-inserted last: dicts keep insertion order
                 self._slot[key] = slot = self._take_slot() if slot is None else slot
                 rows.append(j), slots.append(slot)
-            self._context_ids[slots], self._context_probs[slots] = ids[rows], probs[rows]
+            self._context_rows[slots] = packed[rows]
 
-    def row(self, context: tuple[int, ...]) -> tuple[list[int], list[int], int] | None:
-        """(ids, probability bytes, kind) of the row after a text ending in `context` (kind: how many of its
-        last tokens the row was kept by, less one), None if there is none."""
-        for n in range(min(len(context), CONTEXT), 1, -1):
+    def row(self, context: tuple[int, ...]) -> tuple[list[int], int] | None:
+        """(hints, kind) of the row after a text ending in `context`: each hint packed as token id << 8 |
+        probability byte, best first (-1: none); kind: how many of its last tokens the row was kept by, less
+        one. None if there is none."""
+        n = min(len(context), CONTEXT)
+        while n > 1:
             slot = self._slot.get(_key(context[-n:]))
             if slot is not None:
-                return _unpadded(self._context_ids[slot], self._context_probs[slot], n - 1)
+                return self._context_rows[slot].tolist(), n - 1
+            n -= 1
         token = context[-1]
-        if self._ids is not None and 0 <= token < len(self._ids) and self._ids[token, 0] >= 0:
-            return _unpadded(self._ids[token], self._probs[token], 0)
+        if self._rows is not None and 0 <= token < len(self._rows):
+            row = self._rows[token].tolist()
+            if row[0] >= 0:
+                return row, 0
         return None
 
     def _grow_to(self, size: int) -> None:
-        if self._ids is None or len(self._ids) < size:
-            old = 0 if self._ids is None else len(self._ids)
-            new = max(size, 2 * old, 1024)
-            ids, probs = np.full((new, self.k), -1, dtype=np.int32), np.zeros((new, self.k), dtype=np.uint8)
+        if self._rows is None or len(self._rows) < size:
+            old = 0 if self._rows is None else len(self._rows)
+            rows = np.full((max(size, 2 * old, 1024), self.k), -1, dtype=np.int32)
             if old:
-                ids[:old], probs[:old] = self._ids, self._probs
-            self._ids, self._probs = ids, probs
+                rows[:old] = self._rows
+            self._rows = rows
 
     def _take_slot(self) -> int:
         if self._next_slot < MAX_CONTEXT_ROWS:
@@ -121,10 +129,6 @@ def _key(tokens: tuple[int, ...]) -> int | None:
     return key
 
 
-def _unpadded(ids: np.ndarray, probs: np.ndarray, kind: int) -> tuple[list[int], list[int], int]:
-    ids = ids.tolist()
-    n = ids.index(-1) if -1 in ids else len(ids)
-    return ids[:n], probs[:n].tolist(), kind
 
 
 class Recycler:
@@ -135,7 +139,9 @@ class Recycler:
     def __init__(self, k: int) -> None:
         self.table = RecyclingTable(k)
         self.calibration = [Calibration(scale) for scale in PRIOR_SCALE]  # by kind: rows by 1, 2 tokens
-        self._luts: list[list[float]] | None = None  # by kind: probability byte -> calibrated probability
+        # By kind: calibration bucket -> calibrated probability, non-decreasing (a bucket no higher than any
+        # above it, so that a row's order is kept); None until read after the calibration moved.
+        self._luts: list[list[float] | None] = [None] * len(PRIOR_SCALE)
         # Correcting the draft's own estimates: per class (row kind x agreement), the verdicts on judged nodes
         # against what their estimates expected.
         classes = len(PRIOR_SCALE) * (len(AGREEMENT) + 2)
@@ -144,7 +150,7 @@ class Recycler:
     def begin_generation(self) -> None:
         for calibration in self.calibration:
             calibration.generation.begin()
-        self._luts = None
+        self._luts = [None] * len(self.calibration)
 
     def grow(self, draft: DraftTree, context: list[int], max_nodes: int) -> tuple[DraftTree, list[int]]:
         """`draft` (best first, with estimates) extended by table rows; also, per node of the result, its
@@ -163,40 +169,39 @@ class Recycler:
         cells = [-1] * len(tokens)
         depth = draft.depths()
         child_at = {(p, t): i for i, (t, p) in enumerate(zip(tokens, parents))}
-        if self._luts is None:  # non-decreasing (a bucket no higher than any above it): a row's order kept
-            self._luts = [np.minimum.accumulate(c.probs(np.arange(256) / 255)[::-1])[::-1].tolist()
-                          for c in self.calibration]
         luts = self._luts
+        for kind, lut in enumerate(luts):
+            if lut is None:
+                luts[kind] = _monotone(self.calibration[kind].bucket_probs())
         best = max(lut[-1] for lut in luts)
         drafted = sorted(estimate, reverse=True)
         # Nothing at or below the max_nodes-th draft node's estimate can make the cut.
         floor = max(MIN_PATH, drafted[max_nodes - 1] if len(drafted) >= max_nodes else 0.0)
 
-        def offer(node: int, j: int) -> None:
-            """Put the j-th child of `node`'s row on the heap if it can make the cut."""
-            ids, probs, kind = rows[node]
-            if j < len(ids) and (e := (1.0 if node < 0 else estimate[node]) * luts[kind][probs[j]]) > floor:
-                heapq.heappush(heap, (-e, node, j))
-
         # One heap, best first, of (-key, node, j): j = -1, a node whose row is not read yet, keyed by the
         # most its children could be worth; j >= 0, the j-th child in its row, keyed by its estimate. A
-        # row's next child goes on the heap when the one before it comes off.
+        # row's next child goes on the heap when the one before it comes off (if it can make the cut).
         heap = [(-best, -1, -1)] + [(-e * best, i, -1) for i, e in enumerate(estimate) if e * best > floor]
         heapq.heapify(heap)
+        push, pop = heapq.heappush, heapq.heappop
         above, added = 0, 0  # draft nodes at least as good as the current entry; nodes the table added
         while heap:
-            neg, node, j = heapq.heappop(heap)
+            neg, node, j = pop(heap)
             while above < len(drafted) and drafted[above] >= -neg:
                 above += 1
             if above + added >= max_nodes:
                 break  # every further node would fall outside the best max_nodes
-            if j < 0:
-                if row_of(node) is not None:
-                    offer(node, 0)
+            row = row_of(node)
+            if row is None:
                 continue
-            offer(node, j + 1)
-            ids, probs, kind = rows[node]
-            token, cell = ids[j], kind * 256 + probs[j]
+            hints, kind = row
+            if j + 1 < len(hints) and (hint := hints[j + 1]) >= 0:
+                e = (1.0 if node < 0 else estimate[node]) * luts[kind][BUCKET[hint & 255]]
+                if e > floor:
+                    push(heap, (-e, node, j + 1))
+            if j < 0:
+                continue
+            token, cell = hints[j] >> 8, kind * 256 + (hints[j] & 255)
             i = child_at.get((node, token))
             if i is not None:  # the draft has it: the table backs it too
                 if cells[i] < 0:
@@ -213,7 +218,7 @@ class Recycler:
             child_at[(node, token)] = i
             added += 1
             if -neg * best > floor:
-                heapq.heappush(heap, (neg * best, i, -1))
+                push(heap, (neg * best, i, -1))
         # Path estimates never grow downwards and ties go shallower first, so parents come first.
         order = sorted(range(len(tokens)), key=lambda i: (-estimate[i], depth[i], i))[:max_nodes]
         new = {old: k for k, old in enumerate(order)}
@@ -229,16 +234,15 @@ class Recycler:
         factor learned per class. Returns the new path estimates and, per judged node, (class, its
         conditional estimate before the correction)."""
         old = list(draft.accept_probs or [0.0] * len(draft))
-        ratio = (self._judged_accepted + JUDGE_PRIOR) / (self._judged_expected + JUDGE_PRIOR)
+        ratio = ((self._judged_accepted + JUDGE_PRIOR) / (self._judged_expected + JUDGE_PRIOR)).tolist()
         estimate: list[float] = []
         judged: list[tuple[int, float] | None] = [None] * len(draft)
         for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
             above = 1.0 if parent < 0 else old[parent]
             cond = min(1.0, old[i] / above) if above > 0 else 0.0
-            row = row_of(parent) if i < JUDGED else None
-            if row is not None:
-                ids, probs, kind = row
-                p = probs[ids.index(token)] / 255 if token in ids else None
+            if i < JUDGED and (row := row_of(parent)) is not None:
+                hints, kind = row
+                p = next(((hint & 255) / 255 for hint in hints if hint >= 0 and hint >> 8 == token), None)
                 agreement = 0 if p is None else 1 + sum(p >= edge for edge in AGREEMENT)
                 judged[i] = (kind * (len(AGREEMENT) + 2) + agreement, cond)
                 cond = min(1.0, cond * ratio[judged[i][0]])
@@ -260,8 +264,9 @@ class Recycler:
         mine = reached & (cells >= 0)
         for kind, calibration in enumerate(self.calibration):
             of_kind = mine & (cells // 256 == kind)
-            calibration.update(Calibration.buckets(cells[of_kind] % 256 / 255), accepted[of_kind])
-        self._luts = None
+            if of_kind.any():
+                calibration.update(Calibration.buckets(cells[of_kind] % 256 / 255), accepted[of_kind])
+                self._luts[kind] = None
         return cells >= 0
 
     def learn(self, context: list[int], tree: DraftTree, hints: Hints) -> None:
@@ -269,6 +274,13 @@ class Recycler:
         root), row r of `hints` the target's top tokens at the root (r = 0) or at node r - 1."""
         root_tail = tuple(context[-CONTEXT:])
         self.table.update([root_tail] + _tails(root_tail, tree.tokens, tree.parents), hints)
+
+
+def _monotone(probs: list[float]) -> list[float]:
+    """`probs` with each lowered to the lowest at or above it."""
+    for b in range(len(probs) - 2, -1, -1):
+        probs[b] = min(probs[b], probs[b + 1])
+    return probs
 
 
 def _tails(root_tail: tuple[int, ...], tokens: list[int], parents: list[int]) -> list[tuple[int, ...]]:

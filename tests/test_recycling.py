@@ -31,23 +31,39 @@ def rows(*pairs: tuple[list[int], list[float]]) -> Hints:
     return Hints([ids for ids, _ in pairs], [probs for _, probs in pairs])
 
 
+def read(table: RecyclingTable, context: tuple[int, ...]) -> tuple[list[int], list[int], int] | None:
+    """A row as (token ids, probability bytes, kind)."""
+    row = table.row(context)
+    if row is None:
+        return None
+    hints, kind = row
+    return [h >> 8 for h in hints if h >= 0], [h & 255 for h in hints if h >= 0], kind
+
+
 def test_the_newest_row_is_kept_and_the_longest_known_context_is_read_first(monkeypatch):
     monkeypatch.setattr(recycling, "CONTEXT", 3)
     table = RecyclingTable(k=3)
     table.update([(7, 1, 5)], rows(([6, 7, 8], [0.6, 0.2, 0.1])))
     table.update([(8, 2, 5)], rows(([9, 6], [0.9, 0.05])))  # a shorter row: fewer than k tokens
-    assert table.row((8, 2, 5)) == ([9, 6], [230, 13], 2)  # by three tokens
-    assert table.row((0, 1, 5)) == ([6, 7, 8], [153, 51, 26], 1)  # by two
-    assert table.row((3, 5)) == ([9, 6], [230, 13], 0)  # an unseen context: the token's newest row
-    assert table.row((5,)) == ([9, 6], [230, 13], 0)
-    assert table.row((3, 4)) is None and table.row((3, 10**6)) is None
+    assert read(table, (8, 2, 5)) == ([9, 6], [230, 13], 2)  # by three tokens
+    assert read(table, (0, 1, 5)) == ([6, 7, 8], [153, 51, 26], 1)  # by two
+    assert read(table, (3, 5)) == ([9, 6], [230, 13], 0)  # an unseen context: the token's newest row
+    assert read(table, (5,)) == ([9, 6], [230, 13], 0)
+    assert read(table, (3, 4)) is None and read(table, (3, 10**6)) is None
     assert len(table) == 1
 
 
 def test_rows_nobody_computed_are_skipped():
     table = RecyclingTable(k=2)
     table.update([(1, 5), (5, 6)], rows(([], []), ([7, 8], [0.5, 0.5])))
-    assert table.row((1, 5)) is None and table.row((5, 6))[0] == [7, 8]
+    assert read(table, (1, 5)) is None and read(table, (5, 6))[0] == [7, 8]
+
+
+def test_a_hint_beyond_the_tables_vocabulary_is_dropped_and_the_rest_of_its_row_kept():
+    table = RecyclingTable(k=3)
+    table.update([(1, 5)], rows(([7, 1 << 20, 8], [0.5, 0.3, 0.1])))
+    assert read(table, (1, 5)) == ([7, 8], [128, 26], 1)
+    assert table.row((1, 5))[0][2] == -1  # no hole: a draft reads a row up to its first empty place
 
 
 def test_context_rows_are_bounded_and_the_least_recently_updated_go_first(monkeypatch):
@@ -57,13 +73,13 @@ def test_context_rows_are_bounded_and_the_least_recently_updated_go_first(monkey
         table.update([(prev, 100)], rows(([prev], [1.0])))
     table.update([(0, 100)], rows(([50], [1.0])))  # context (0, 100) is the newest now
     table.update([(8, 100)], rows(([8], [1.0])))  # the ninth context: the older half goes
-    kept = {prev for prev in range(9) if table.row((prev, 100))[2] == 1}
+    kept = {prev for prev in range(9) if read(table, (prev, 100))[2] == 1}
     assert kept == {0, 5, 6, 7, 8}
-    assert table.row((0, 100))[0] == [50] and table.row((1, 100))[0] == [8]  # 1: the token's row
+    assert read(table, (0, 100))[0] == [50] and read(table, (1, 100))[0] == [8]  # 1: the token's row
     for prev in range(9, 40):  # slots are reused: the arrays never grow
         table.update([(prev, 100)], rows(([prev], [1.0])))
-    assert len(table._slot) <= 8 and table._context_ids.shape[0] == 8
-    assert all(table.row((p, 100))[0] == [p] for p in range(36, 40))
+    assert len(table._slot) <= 8 and table._context_rows.shape[0] == 8
+    assert all(read(table, (p, 100))[0] == [p] for p in range(36, 40))
 
 
 def grown(recycler: Recycler, draft: DraftTree, context: list[int], max_nodes: int = 16):
@@ -228,8 +244,8 @@ def test_drafting_from_hints_changes_speed_not_output(params):
 def test_the_table_costs_little_memory_per_token_of_vocabulary():
     table = RecyclingTable(k=8)
     table.update([(1, 262_143)], rows((list(range(8)), [0.1] * 8)))
-    per_token = (table._ids.nbytes + table._probs.nbytes) / len(table._ids)
-    assert per_token == 8 * 5 and table._context_ids.nbytes + table._context_probs.nbytes <= 6 << 20
+    per_token = table._rows.nbytes / len(table._rows)
+    assert per_token == 8 * 4 and table._context_rows.nbytes <= 4 << 20  # a hint in 4 bytes
 
 
 def test_sampling_with_drafts_from_hints_follows_the_target_distribution():
