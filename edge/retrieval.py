@@ -65,7 +65,7 @@ class RetrievalDrafter:
 
     def candidates(self) -> CandidateSet:
         parts = []
-        ends, lengths = self.index.matches(self.occurrences, max_len=64)
+        ends, lengths = self.index.matches(self.occurrences, max_len=32)
         if len(ends):
             weight = np.minimum(lengths, 32).astype(np.float64) ** 2 * RECENCY ** np.arange(len(ends))
             tokens = self.index.continuations(ends, self.max_depth)
