@@ -16,21 +16,21 @@ documents until the wanted size is reached (written as files, so the build inclu
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import random
 import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from specedge.bench import specbench
-from specedge.cloud.cost_tracker import CostTracker
 from specedge.cloud.model_registry import load_model
-from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
-from specedge.common.session import StepResult
-from specedge.edge.controller import TreeSizeController
+from specedge.common.hints import DEFAULT_HINTS_TOP_K
 from specedge.edge.corpus import build_datastore
 from specedge.edge.datastore import Datastore
 from specedge.edge.retrieval import RetrievalDrafter
@@ -54,6 +54,27 @@ def write_corpus(out: Path, approx_chars: int, seed: int = 0) -> list[Path]:
     return files
 
 
+def _classes(package: str) -> dict:
+    """The classes a drafting round uses, from `package` (this one, or a commit's: _package_at)."""
+    modules = {"RetrievalDrafter": "edge.retrieval", "Datastore": "edge.datastore", "Hints": "common.hints",
+               "StepResult": "common.session", "TreeSizeController": "edge.controller",
+               "CostTracker": "cloud.cost_tracker"}
+    return {name: getattr(importlib.import_module(f"{package}.{module}"), name) for name, module in modules.items()}
+
+
+def _package_at(commit: str, workdir: Path) -> str:
+    """The repository's files at `commit`, importable as the package specedge_<commit>."""
+    name = "specedge_" + re.sub(r"\W", "_", commit)
+    if not (workdir / name).exists():
+        workdir.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "archive", f"--prefix={name}/", commit], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(workdir)], input=archive.stdout, check=True)
+        for path in (workdir / name).rglob("*.py"):
+            path.write_text(re.sub(r"\bspecedge(?=[. ])", name, path.read_text()))
+    sys.path.insert(0, str(workdir))
+    return name
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -61,6 +82,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=100_000, help="short-term context tokens")
     ap.add_argument("--rounds", type=int, default=300, help="drafting rounds to time")
     ap.add_argument("--out", type=Path, default=Path("bench-out/drafting"))
+    ap.add_argument("--against", metavar="COMMIT",
+                    help="also time that commit's drafters (its files imported as another package), rounds "
+                         "interleaved with this tree's: a machine's speed drifts by tens of percent between runs")
     args = ap.parse_args()
     tokenizer = EdgeTokenizer.from_transformers(load_model(args.model)[1])
     corpus_dir = args.out / "corpus"
@@ -76,19 +100,15 @@ def main() -> None:
     text_ids = np.asarray(store.corpus[: args.context + 50_000], dtype=np.int64)
     text_ids = text_ids[text_ids >= 0]
     context, future = text_ids[: args.context].tolist(), text_ids[args.context :].tolist()
-    rng = np.random.default_rng(0)
     k = DEFAULT_HINTS_TOP_K
     probs = [0.5 / 2**i for i in range(k)]
 
-    def made_up_hints(rows: int, truth: int) -> Hints:
-        ids = rng.choice(text_ids, size=(rows, k)).tolist()
-        ids = [list(dict.fromkeys(row)) for row in ids]  # distinct tokens in a row, as a top k has
-        ids[0] = [truth] + [t for t in ids[0] if t != truth][: k - 1]
-        return Hints(ids, [probs[: len(row)] for row in ids])
-
-    def rounds(drafter: RetrievalDrafter, times: list[float], sizes: list[int]):
-        """Draft, verify against the text, commit; yields after each round."""
-        controller, costs, pos = TreeSizeController(), CostTracker(), 0
+    def rounds(pkg: dict, hints_top_k: int, times: list[float], sizes: list[int], sent_trees: list):
+        """Draft, verify against the text, commit; yields after each round. `pkg`: the classes to use."""
+        drafter = pkg["RetrievalDrafter"](datastore=pkg["store"], hints_top_k=hints_top_k)
+        drafter.begin(context)
+        controller, costs, pos = pkg["TreeSizeController"](), pkg["CostTracker"](), 0
+        rng = np.random.default_rng(0)  # the same made-up hints for every drafter
         for _ in range(args.rounds):
             t0 = time.perf_counter()
             draft = drafter.propose()
@@ -96,6 +116,7 @@ def main() -> None:
             times.append((time.perf_counter() - t0) * 1e3)
             sizes.append(len(draft))
             sent = draft.prefix(n)
+            sent_trees.append((sent.tokens, sent.parents))
             # Accept the longest true path, as a verifier would, then the true next token.
             kids, node, accepted = sent.children(), -1, []
             while pos + len(accepted) < len(future):
@@ -105,30 +126,45 @@ def main() -> None:
                 accepted.append(c)
                 node = c
             new = future[pos : pos + len(accepted) + 1]
-            hints = made_up_hints(1 + len(sent), new[0]) if drafter.hints_top_k else None
-            drafter.observe(sent, StepResult(tokens=new, accepted=accepted, compute_ms=0.0, hints=hints))
+            hints = None
+            if hints_top_k:
+                ids = [list(dict.fromkeys(row)) for row in rng.choice(text_ids, size=(1 + len(sent), k)).tolist()]
+                ids[0] = [new[0]] + [t for t in ids[0] if t != new[0]][: k - 1]  # distinct, as a top k is
+                hints = pkg["Hints"](ids, [probs[: len(row)] for row in ids])
+            drafter.observe(sent, pkg["StepResult"](tokens=new, accepted=accepted, compute_ms=0.0, hints=hints))
             pos += len(new)
             yield
 
+    t0 = time.perf_counter()
+    RetrievalDrafter().begin(context)
+    index_s = time.perf_counter() - t0
+    packages = {"": _classes("specedge")}
+    if args.against:
+        packages["@" + args.against] = _classes(_package_at(args.against, args.out / "against"))
     timings = {}
-    for name, hints_top_k in (("no_hints", 0), ("hints", k)):
-        drafter = RetrievalDrafter(datastore=store, hints_top_k=hints_top_k)
-        t0 = time.perf_counter()
-        drafter.begin(context)
-        index_s = time.perf_counter() - t0
-        timings[name] = (rounds(drafter, times := [], sizes := []), times, sizes)
-    for _ in zip(*(loop for loop, _, _ in timings.values())):  # one round of each in turn
-        pass
+    for suffix, pkg in packages.items():
+        pkg["store"] = pkg["Datastore"](store_dir)  # one per package, its drafters sharing it, as ever
+        for name, hints_top_k in (("no_hints", 0), ("hints", k)):
+            loop = rounds(pkg, hints_top_k, times := [], sizes := [], sent := [])
+            timings[name + suffix] = (loop, times, sizes, sent)
+    loops = [loop for loop, *_ in timings.values()]
+    for r in range(args.rounds):  # one round of each in turn, the order reversed every other round
+        for loop in loops if r % 2 == 0 else loops[::-1]:
+            next(loop)
     result = {
         "datastore_tokens": meta["num_tokens"], "datastore_build_s": round(build_s, 2),
         "suffix_sort_s": meta["suffix_sort_s"], "bytes_per_token": meta["bytes_per_token"],
         "context_tokens": len(context), "context_index_s": round(index_s, 3), "rounds": args.rounds,
         "hints_top_k": k,
     }
-    for name, (_, times, sizes) in timings.items():
+    for name, (_, times, sizes, _) in timings.items():
         result |= {f"draft_ms_median_{name}": round(statistics.median(times), 3),
                    f"draft_ms_p90_{name}": round(float(np.percentile(times, 90)), 3),
                    f"draft_nodes_median_{name}": statistics.median(sizes)}
+    if args.against:  # the same drafts, or the comparison is of different work
+        for name in ("no_hints", "hints"):
+            same = sum(a == b for a, b in zip(timings[name][3], timings[f"{name}@{args.against}"][3]))
+            result[f"rounds_sending_the_same_tree_{name}"] = f"{same} of {args.rounds}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
