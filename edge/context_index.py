@@ -89,8 +89,11 @@ class ContextIndex:
         depth = min(max_len, len(query))
         offsets = np.arange(depth)
         before = ends[:, None] - offsets[None, :]
-        valid = before >= 0
-        same = valid & (self.tokens[np.where(valid, before, 0)] == query[len(query) - 1 - offsets][None, :])
+        if ends.min() >= depth - 1:  # nearly always: every offset inside the text, fewer numpy calls
+            same = self.tokens[before] == query[len(query) - 1 - offsets][None, :]
+        else:
+            valid = before >= 0
+            same = valid & (self.tokens[np.where(valid, before, 0)] == query[len(query) - 1 - offsets][None, :])
         lengths = np.where(same.all(axis=1), depth, np.argmin(same, axis=1))
         keep = lengths >= min_len
         return ends[keep], lengths[keep]

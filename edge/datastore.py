@@ -106,6 +106,8 @@ class Datastore:
     def _reversed_token(self, i: np.ndarray | int):
         """Token i of the reversed corpus; -2 past its end (sorts before every token and the separator)."""
         if isinstance(i, np.ndarray):
+            if len(i) and i.max() < self.n:  # nearly always: fewer numpy calls
+                return self.corpus[self.n - 1 - i]
             out = np.full(len(i), -2, dtype=np.int64)
             inside = i < self.n
             out[inside] = self.corpus[self.n - 1 - i[inside]]
