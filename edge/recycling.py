@@ -247,7 +247,7 @@ class Recycler:
                 judged[i] = (kind * (len(AGREEMENT) + 2) + agreement, cond)
                 cond = min(1.0, cond * ratio[judged[i][0]])
             # A product of factors <= 1 down the path: never above the parent, so parents stay first.
-            estimate.append((1.0 if parent < 0 else estimate[parent]) * cond)
+            estimate.append(cond if parent < 0 else estimate[parent] * cond)
         return estimate, judged
 
     def observe(self, notes: list | None, reached: np.ndarray, accepted: np.ndarray) -> np.ndarray | None:

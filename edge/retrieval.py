@@ -90,16 +90,15 @@ class RetrievalDrafter:
         # take GROW_SLACK more each round when the drafts get better).
         cap = min(self.max_nodes, max(self._sent) + GROW_SLACK) if self._sent else self.max_nodes
         draft, stats = build_draft(self.candidates(), self.model, cap, self.max_depth)
-        cells, priors = stats.cells, stats.priors  # each node's cell in the acceptance model, its prior
+        cells, priors = stats.cells.tolist(), stats.priors.tolist()  # each node's acceptance-model cell, prior
         table_notes = None
         if self.recycler is not None and len(self.recycler.table):
             draft, source = self.recycler.grow(draft, self._tail(CONTEXT), cap)
-            source = np.asarray(source, dtype=np.int64)
-            cells = np.where(source >= 0, cells[np.maximum(source, 0)] if len(cells) else -1, -1)
-            priors = np.where(source >= 0, priors[np.maximum(source, 0)] if len(priors) else 0.0, 0.0)
+            cells = [cells[i] if i >= 0 else -1 for i in source]
+            priors = [priors[i] if i >= 0 else 0.0 for i in source]
             table_notes = draft.notes
         # Per node: (its model cell, -1 where retrieval did not propose it; its prior; what it took from the table).
-        draft.notes = list(zip(cells.tolist(), priors.tolist(), table_notes or [None] * len(draft)))
+        draft.notes = list(zip(cells, priors, table_notes or [None] * len(draft)))
         return draft
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
