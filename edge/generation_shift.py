@@ -38,7 +38,7 @@ def shifted(p: np.ndarray, shift: float) -> np.ndarray:
 
 
 def shifted_value(p: float, shift: float) -> float:
-    """`shifted` for one estimate, without numpy's per-call cost (edges read a dozen per draft)."""
+    """`shifted` for one estimate, without numpy's per-call cost (an edge reads a dozen per draft)."""
     if shift == 0.0:
         return p
     p = min(max(p, 1e-12), 1.0 - 1e-12)

@@ -129,8 +129,6 @@ def _key(tokens: tuple[int, ...]) -> int | None:
     return key
 
 
-
-
 class Recycler:
     """A RecyclingTable and its calibration. A grown draft's notes (DraftTree.notes) say, per node, what
     it took from the table: (cell: kind * 256 + probability byte, or -1; (class, estimate) for a judged
