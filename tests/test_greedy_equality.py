@@ -4,6 +4,9 @@ token, on 20 Spec-Bench prompts for both real models, whatever the drafts: empty
 from the verifier's hints too), and a drafting model's: the target's own GGUF (same vocabulary) and the
 other model's (another vocabulary: SLEM), and the hybrid of retrieval and the other model.
 
+Without a drafting model the 20 generations run at once, each round's trees verified in one pass, as a
+served verifier batches its clients (tests/lockstep.py); with one, its drafter goes from prompt to prompt.
+
 A mismatch fails unless it is a genuine near-tie: at the first differing position the target's top-2
 logit gap is below twice the measured difference between the engine's and transformers' logits there.
 """
@@ -11,9 +14,11 @@ logit gap is below twice the measured difference between the engine's and transf
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 import torch
+from lockstep import run_in_lockstep
 
 from specedge.bench import specbench
 from specedge.cloud.engine import Engine
@@ -132,9 +137,10 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
         model = model_drafter.sources[1] if kind == "hybrid" else model_drafter
         model.prefill_in_background = False  # it drafts from the first round: timing must not decide
         assert model.bridge.cross == (kind != "model_same")
-    failures, ties, passes, proposed = [], [], 0, 0
-    for i, (ids, reference) in enumerate(zip(prompts, references)):
-        drafts = Drafts(ids + reference, engine.vocab_size, seed=i)
+
+    def run(i: int, engine: Engine):
+        """Prompt i's generation and the draft nodes it proposed."""
+        drafts, proposed = Drafts(prompts[i] + references[i], engine.vocab_size, seed=i), 0
         source = getattr(drafts, kind, None)
 
         def counting(committed: list[int]) -> DraftTree:
@@ -151,9 +157,16 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
         else:
             drafter, controller = FunctionDrafter(counting), None
         # The retrieval drafter (alone and in the hybrid) also drafts from the verifier's hints.
-        result = generate(LocalVerifier(engine).open(ids, GREEDY, hints_wanted(drafter)), eos, drafter, controller)
-        proposed += sum(result.tree_sizes) if kind in ("retrieval", "hybrid") or kind.startswith("model") else 0
-        passes += result.rounds
+        result = generate(LocalVerifier(engine).open(prompts[i], GREEDY, hints_wanted(drafter)), eos, drafter,
+                          controller)
+        return result, proposed + (sum(result.tree_sizes) if controller else 0)
+
+    if kind.startswith("model") or kind == "hybrid":  # the one drafter, prompt after prompt
+        runs = [run(i, engine) for i in range(len(prompts))]
+    else:  # every prompt at once, their steps in one pass (tests/lockstep.py), as a served verifier batches
+        runs = run_in_lockstep(engine, [partial(run, i) for i in range(len(prompts))])
+    failures, ties = [], []
+    for i, ((result, _), ids, reference) in enumerate(zip(runs, prompts, references)):
         if result.token_ids == reference:
             continue
         at = next((j for j, (a, b) in enumerate(zip(result.token_ids, reference)) if a != b),
@@ -161,6 +174,7 @@ def test_greedy_output_equals_transformers_generate(model_case, kind):
         tie, detail = near_tie(hf, engine, ids + reference[:at])
         (ties if tie else failures).append(f"prompt {PROMPTS[i].id} ({PROMPTS[i].category}) differs at "
                                            f"token {at}: {detail}")
+    passes, proposed = sum(result.rounds for result, _ in runs), sum(n for _, n in runs)
     assert not failures, "\n".join(failures)
     assert len(ties) <= 2, f"too many near-ties to be chance: {ties}"
     total = sum(len(r) for r in references)
