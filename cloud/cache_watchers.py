@@ -15,14 +15,26 @@ class CacheWatchers:
         self._lock = threading.Lock()
         self._held: set[int] = set(pool.hash_to_block)
         self._queues: list[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = []
+        self._closed = False
         pool.on_change = self._on_change
 
     def subscribe(self) -> tuple[list[int], asyncio.Queue]:
-        """Every hash held now, and a queue (of this event loop) of the (stored, removed) changes after it."""
+        """Every hash held now, and a queue (of this event loop) of the (stored, removed) changes after it,
+        ended by a None once the watchers are closed."""
         updates: asyncio.Queue = asyncio.Queue()
         with self._lock:
+            if self._closed:
+                updates.put_nowait(None)
             self._queues.append((asyncio.get_running_loop(), updates))
             return list(self._held), updates
+
+    def close(self) -> None:
+        """End every watch, and any opened later: the verifier is stopping. (A server's stop waits for its
+        open calls, and a router's watch would otherwise last out the whole grace period.)"""
+        with self._lock:
+            self._closed = True
+            for loop, updates in self._queues:
+                loop.call_soon_threadsafe(updates.put_nowait, None)
 
     def unsubscribe(self, updates: asyncio.Queue) -> None:
         with self._lock:

@@ -49,6 +49,7 @@ class RunningServer:
         while self.service.sessions_by_client and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         left = live()  # cut off when the server stops below
+        self.service.cache_watchers.close()  # routers' watches are no sessions: they end now, not at the grace
         await self.server.stop(grace=max(0.0, deadline - time.monotonic()))
         self.service.scheduler.stop()
         log_event("stopped", seconds=round(time.monotonic() - started, 3), sessions_cut_off=left)

@@ -205,6 +205,8 @@ class VerifierService:
         held, updates = self.cache_watchers.subscribe()
         block_size = self.engine.pool.block_size
         try:
+            if not updates.empty():  # closed already: the verifier is stopping
+                return
             yield pb.CacheUpdate(snapshot=True, block_size=block_size, stored=held,
                                  load=self.load()).SerializeToString()
             while True:
@@ -214,6 +216,8 @@ class VerifierService:
                     changes = []
                 while not updates.empty():
                     changes.append(updates.get_nowait())
+                if None in changes:  # the watchers were closed
+                    return
                 stored, removed = net_changes(changes)
                 yield pb.CacheUpdate(block_size=block_size, stored=stored, removed=removed,
                                      load=self.load()).SerializeToString()

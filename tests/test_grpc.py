@@ -619,6 +619,33 @@ def test_watch_cache_reports_the_prompt_blocks_the_verifier_holds_and_its_load()
         watch.cancel()
 
 
+def watch_cache(channel: grpc.Channel):
+    return channel.unary_stream("/specedge.v1.Verifier/WatchCache",
+                                request_serializer=pb.WatchCacheRequest.SerializeToString,
+                                response_deserializer=pb.CacheUpdate.FromString)(pb.WatchCacheRequest(), timeout=120)
+
+
+def test_a_stopping_verifier_ends_its_cache_watches_instead_of_waiting_out_its_grace_for_them():
+    """A router watches every verifier of its fleet for as long as both run: a watch is no session to drain,
+    so a stop with no sessions left ends the watches (cleanly: status OK) and returns."""
+    with tiny_verifier() as v, grpc.insecure_channel(v.target) as channel:
+        call = watch_cache(channel)
+        assert next(call).snapshot
+        started = time.monotonic()
+        v.stop(grace_s=60)
+        assert time.monotonic() - started < 30  # waiting out the grace would take 60 s
+        for _ in call:  # any report still on its way, then the end
+            pass
+        assert call.code() == grpc.StatusCode.OK
+
+
+def test_a_cache_watch_opened_while_the_verifier_stops_ends_at_once():
+    with tiny_verifier() as v, grpc.insecure_channel(v.target) as channel:
+        v.service.cache_watchers.close()  # what a stop does once its sessions are gone, before the server stops
+        call = watch_cache(channel)
+        assert list(call) == [] and call.code() == grpc.StatusCode.OK
+
+
 def test_flush_cache_makes_a_seen_prompt_prefill_anew_and_live_sessions_keep_theirs():
     """What `specedge bench` relies on to run every method against one verifier: after FlushCache no prompt
     finds another generation's prefill in the cache, while a session open across the flush is unharmed."""
