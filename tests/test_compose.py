@@ -6,6 +6,7 @@ through proxy, router and both verifiers. The test reads the file itself, so the
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from specedge.common.ports import free_port
 ROOT = Path(__file__).parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
+INTERPOLATION = re.compile(r"\$\{(\w+):-([^}]*)\}")
 
 
 def test_the_file_wires_the_cluster_as_documented():
@@ -28,6 +30,7 @@ def test_the_file_wires_the_cluster_as_documented():
     for name in ("verifier-1", "verifier-2"):
         command = SERVICES[name]["command"]
         assert command[:2] == ["specedge", "serve"] and command[command.index("--register") + 1] == "router:50050"
+        assert command[command.index("--threads") + 1] == "${VERIFIER_THREADS:-1}"  # two on one host: a share each
         assert SERVICES[name]["depends_on"]["router"]["condition"] == "service_healthy"
         check = SERVICES[name]["healthcheck"]
         assert check["test"][1:3] == ["specedge", "health"] and "start_period" in check and "interval" in check
@@ -51,8 +54,10 @@ class LocalCompose:
         self.logs: dict[str, Path] = {}
 
     def localize(self, service: str, argv: list[str]) -> list[str]:
-        """A container's command as a local one: the specedge of this venv, loopback addresses and ports."""
+        """A container's command as a local one: variables filled in as compose does (`${NAME:-default}`),
+        the specedge of this venv, loopback addresses and ports."""
         out = []
+        argv = [INTERPOLATION.sub(lambda m: os.environ.get(m[1]) or m[2], arg) for arg in argv]
         for prev, arg in zip([None] + argv, argv):
             if prev is None and arg == "specedge":
                 arg = str(Path(sys.executable).with_name("specedge"))
