@@ -598,12 +598,15 @@ def test_seeded_sampling_gives_the_same_tokens_with_drafts_as_without(server):
     assert drafted.rounds < len(plain) / 2  # the drafts were accepted, not just ignored
 
 
+def watch_cache(channel: grpc.Channel):
+    return channel.unary_stream("/specedge.v1.Verifier/WatchCache",
+                                request_serializer=pb.WatchCacheRequest.SerializeToString,
+                                response_deserializer=pb.CacheUpdate.FromString)(pb.WatchCacheRequest(), timeout=120)
+
+
 def test_watch_cache_reports_the_prompt_blocks_the_verifier_holds_and_its_load():
     with tiny_verifier() as v, grpc.insecure_channel(v.target) as channel:
-        watch = channel.unary_stream("/specedge.v1.Verifier/WatchCache",
-                                     request_serializer=pb.WatchCacheRequest.SerializeToString,
-                                     response_deserializer=pb.CacheUpdate.FromString)(pb.WatchCacheRequest(),
-                                                                                       timeout=60)
+        watch = watch_cache(channel)
         first = next(watch)
         assert first.snapshot and first.block_size == 16 and not first.stored
         prompt = list(range(1, 50))  # 3 full blocks before the last token's
@@ -617,12 +620,6 @@ def test_watch_cache_reports_the_prompt_blocks_the_verifier_holds_and_its_load()
         drain(v)
         assert next(watch).load.draining
         watch.cancel()
-
-
-def watch_cache(channel: grpc.Channel):
-    return channel.unary_stream("/specedge.v1.Verifier/WatchCache",
-                                request_serializer=pb.WatchCacheRequest.SerializeToString,
-                                response_deserializer=pb.CacheUpdate.FromString)(pb.WatchCacheRequest(), timeout=120)
 
 
 def test_a_stopping_verifier_ends_its_cache_watches_instead_of_waiting_out_its_grace_for_them():
