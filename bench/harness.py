@@ -120,7 +120,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     serving = (args.rtt_ms not in ("0", "0.0") or args.concurrency != "1" or bool(args.netem) or bool(args.pin_cores)
                or bool({"server-ar", "remote-ar"} & set(args.baselines.split(","))) or args.tree_size != "adaptive"
-               or bool(args.jitter_ms or args.bandwidth_kbps) or args.overlap != "on")
+               or bool(args.jitter_ms or args.bandwidth_kbps) or args.overlap != "on"
+               or args.fill != "on")
     try:  # bad network flags fail before anything starts
         _check_network_args(args)
     except ValueError as e:
@@ -212,13 +213,14 @@ def _run_against_server(args: argparse.Namespace) -> int:
 
 
 def _check_network_args(args) -> None:
-    from specedge.bench.serving import overlap_policies, tree_policies
+    from specedge.bench.serving import on_off, tree_policies
     from specedge.netem.proxy import parse_conditions
 
     if args.netem:
         parse_conditions(args.netem)
     tree_policies(args.tree_size)
-    overlap_policies(args.overlap)
+    on_off("--overlap", args.overlap)
+    on_off("--fill", args.fill)
     if args.jitter_ms < 0 or args.bandwidth_kbps < 0:
         raise ValueError("--jitter-ms and --bandwidth-kbps must be >= 0")
     if (args.jitter_ms or args.bandwidth_kbps or args.rtt_ms not in ("0", "0.0")) and args.netem:

@@ -129,14 +129,14 @@ def _markdown(rows: list[dict], concurrency: int) -> str:
 
 
 def _ratios(by: dict, rows: list[dict], rtt: float) -> list[str]:
-    """Each adaptive drafter against its best fixed size, remote-ar, its own 0 ms speed, and itself without
-    trees sent ahead (DRAFTER/serial)."""
+    """Each adaptive drafter against its best fixed size, remote-ar, its own 0 ms speed, itself without
+    trees sent ahead (DRAFTER/serial) and without the verifier's drafts for them (DRAFTER/nofill)."""
     out = []
     for r in rows:
         if r["rtt_ms"] != rtt or r.get("tree_policy") != "adaptive":
             continue
         fixed = [f for f in rows if f["rtt_ms"] == rtt and f["method"].startswith(r["method"] + "@")
-                 and f.get("overlap") == r.get("overlap")]
+                 and f.get("overlap") == r.get("overlap") and f.get("fill") == r.get("fill")]
         if fixed:
             best = max(fixed, key=lambda f: f["tokens_per_s"])
             out.append(f"{r['method']} / best fixed ({best['method']}) {r['tokens_per_s'] / best['tokens_per_s']:.2f}x")
@@ -145,6 +145,9 @@ def _ratios(by: dict, rows: list[dict], rtt: float) -> list[str]:
         if r.get("overlap") and (serial := by.get((r["method"] + "/serial", rtt))) is not None:
             out.append(f"{r['method']} overlap on / off {r['tokens_per_s'] / serial['tokens_per_s']:.2f}x "
                        f"({r['ahead_rounds']} rounds sent ahead)")
+        if r.get("fill") and (unfilled := by.get((r["method"] + "/nofill", rtt))) is not None:
+            out.append(f"{r['method']} fill on / off {r['tokens_per_s'] / unfilled['tokens_per_s']:.2f}x "
+                       f"({r['verifier_drafted']:.0%} of its tokens drafted by the verifier)")
         if rtt != 0 and (still := by.get((r["method"], 0.0))) is not None:
             out.append(f"{r['method']} keeps {r['tokens_per_s'] / still['tokens_per_s']:.0%} of its 0 ms speed")
     return out or ["–"]

@@ -28,7 +28,7 @@ def markdown(rows: list[dict]) -> str:
     if rows and "kv_peak_bytes" in rows[0]:
         cols = ["method", "category", "concurrency", "rtt_ms", "n_prompts", "tokens_per_s", "speedup", "baseline",
                 "mean_accepted", "passes_per_token", "verifier_ms_per_token", "draft_ms", "tree_size", "tree_policy",
-                "overlap", "kv_peak_bytes"]
+                "overlap", "fill", "verifier_drafted", "kv_peak_bytes"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join("–" if r.get(c) is None else str(r[c]) for c in cols) + " |")

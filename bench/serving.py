@@ -44,6 +44,7 @@ class JobResult:
     queue_ms: list[float] = dataclasses.field(default_factory=list)
     network_ms: list[float] = dataclasses.field(default_factory=list)
     ahead: int = 0  # rounds whose tree went out ahead of the verdict before it
+    verifier_drafted: int = 0  # committed tokens the verifier drafted itself (trees ahead with nothing left)
     wall_s: float = 0.0
     verifier_s: float | None = None  # the verifier's engine time on this job (one client at a time only)
     passes: int | None = None  # the verifier's engine steps on this job (likewise)
@@ -51,14 +52,16 @@ class JobResult:
 
 WITHOUT_DRAFTS = ("server-ar", "remote-ar")  # baselines whose clients draft nothing
 SERIAL = "/serial"  # a drafter's method name with this suffix never sends a tree ahead of a verdict
+NOFILL = "/nofill"  # ... or with this one, never lets the verifier draft a tree ahead with nothing left
 
 
-def split_method(method: str) -> tuple[str, int | None, bool]:
-    """"retrieval@8/serial" -> ("retrieval", 8, False): the drafter, its fixed tree size (None: adaptive),
-    and whether trees may go out ahead of the verdict in flight (the default; the controller decides)."""
-    overlap = not method.endswith(SERIAL)
-    name, at, size = method.removesuffix(SERIAL).partition("@")
-    return name, int(size) if at else None, overlap
+def split_method(method: str) -> tuple[str, int | None, bool, bool]:
+    """"retrieval@8/serial" -> ("retrieval", 8, False, True): the drafter, its fixed tree size (None:
+    adaptive), whether trees may go out ahead of the verdict in flight (the default; the controller decides),
+    and whether the verifier may draft such a tree where nothing of it is left (the default)."""
+    overlap, fill = not method.endswith(SERIAL), not method.endswith(NOFILL)
+    name, at, size = method.removesuffix(SERIAL).removesuffix(NOFILL).partition("@")
+    return name, int(size) if at else None, overlap, fill
 
 
 class EdgeClient:
@@ -73,8 +76,8 @@ class EdgeClient:
 
         self.verifier, self.method, self.drafter, self.eos, self.metered = verifier, method, drafter, eos, metered
         self.client = RemoteVerifier(verifier.target)
-        _, fixed, overlap = split_method(method)
-        self.controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap)
+        _, fixed, overlap, fill = split_method(method)
+        self.controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap, fill=fill)
         self.params = SamplingParams(max_new_tokens=max_new_tokens)
 
     def run(self, i: int, ids: list[int]) -> JobResult:
@@ -90,7 +93,7 @@ class EdgeClient:
             session = self.client.open(ids, self.params, hints_top_k=hints)
             g = generate(session, self.eos, self.drafter, self.controller if self.drafter is not None else None)
             r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes, g.accepted, g.compute_ms, g.queue_ms,
-                          g.network_ms, g.ahead)
+                          g.network_ms, g.ahead, g.verifier_drafted)
         r.wall_s = time.perf_counter() - start
         if before is not None and (after := self._engine_time()) is not None:
             r.verifier_s, r.passes = after[0] - before[0], int(after[1] - before[1])
@@ -211,9 +214,10 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
     rtts = [float(r) for r in str(args.rtt_ms).split(",")]
-    drafters = [d + ("" if size is None else f"@{size}") + ("" if overlap else SERIAL)
+    drafters = [d + ("" if size is None else f"@{size}") + ("" if overlap else SERIAL) + ("" if fill else NOFILL)
                 for d in args.drafters.split(",") if d for size in tree_policies(args.tree_size)
-                for overlap in overlap_policies(args.overlap)]
+                for overlap in on_off("--overlap", args.overlap) for fill in on_off("--fill", args.fill)
+                if overlap or fill]  # (a serial drafter sends nothing ahead to fill)
     remote = ["remote-ar"] if "remote-ar" in args.baselines.split(",") else []
     in_process = [b for b in args.baselines.split(",") if b in HF_BASELINES]
     methods = ["server-ar", *remote, *drafters]
@@ -328,7 +332,7 @@ def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurre
     drafts = [ms for r in every for ms in r.draft_ms]
     sizes = [s for r in every for s in r.tree_sizes]
     metered = [r for r in every if r.verifier_s is not None]
-    name, fixed, overlap = split_method(method)
+    name, fixed, overlap, fill = split_method(method)
 
     def per_round(part: str) -> float | None:
         values = [ms for r in every for ms in getattr(r, part)]
@@ -348,6 +352,8 @@ def _row(method: str, category: str, wanted: set[int], runs, base_runs, concurre
         "tree_policy": None if name in WITHOUT_DRAFTS or rtt is None else fixed or "adaptive",
         "overlap": None if name in WITHOUT_DRAFTS or rtt is None else overlap,
         "ahead_rounds": sum(r.ahead for r in every) if rounds else None,
+        "fill": None if name in WITHOUT_DRAFTS or rtt is None or not overlap else fill,
+        "verifier_drafted": round(sum(r.verifier_drafted for r in every) / tokens, 3) if rounds else None,
         # The mean round, split: drafting on the edge, then network, the verifier's queue and its pass.
         "round_draft_ms": per_round("draft_ms"), "round_network_ms": per_round("network_ms"),
         "round_queue_ms": per_round("queue_ms"), "round_compute_ms": per_round("compute_ms"),
@@ -369,11 +375,11 @@ def tree_policies(spec: str) -> list[int | None]:
     return policies
 
 
-def overlap_policies(spec: str) -> list[bool]:
+def on_off(flag: str, spec: str) -> list[bool]:
     """--overlap "on,off" -> [True, False]."""
     policies = [{"on": True, "off": False}.get(part.strip()) for part in str(spec).split(",")]
     if None in policies:
-        raise ValueError(f"--overlap takes on, off or on,off; got {spec!r}")
+        raise ValueError(f"{flag} takes on, off or on,off; got {spec!r}")
     return policies
 
 

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,8 +28,10 @@ from specedge.cloud.metrics import VerifierMetrics
 from specedge.cloud.requests import StepOutcome
 from specedge.cloud.scheduler import VerifyScheduler
 from specedge.cloud.step_plan import StepLimits
+from specedge.cloud.verifier_drafter import VerifierDrafter
 from specedge.common import wire
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.tokenizer_bundle import TokenizerBundle
 from specedge.protos import verifier_pb2 as pb
 
@@ -138,6 +140,7 @@ class VerifierService:
                     raise
             seq, outcome = await self._unless_moved(opening)
             generated = list(outcome.verdict.tokens)  # committed after the prompt
+            drafter: VerifierDrafter | None = None  # from the first round that asks the verifier to draft
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
             cached = outcome.cached_prompt_tokens
@@ -163,9 +166,22 @@ class VerifierService:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
                 tree = _still_to_verify(self._tree(req.draft), req.draft.root_length, len(prompt), generated)
+                filled = not tree and req.draft.fill_tokens > 0
+                if filled:
+                    if drafter is None:
+                        drafter = VerifierDrafter(prompt + generated, params, hints_top_k)
+                    # One token of the budget is left over, so that the tree after it has a token to verify.
+                    room = min(req.draft.fill_tokens, self.config.max_tree_tokens,
+                               params.max_new_tokens - len(generated) - 2)
+                    tree = drafter.draft(room, outcome.cost)
                 outcome = await self._unless_moved(self.scheduler.verify(seq, tree))
                 generated += outcome.verdict.tokens
-                yield pb.SessionResponse(verdict=self._verdict(outcome)).SerializeToString()
+                if drafter is not None:
+                    drafter.observe(tree, outcome.verdict)
+                drafted = len(outcome.verdict.accepted) if filled else 0
+                if filled:
+                    outcome = _as_unfilled(outcome)
+                yield pb.SessionResponse(verdict=self._verdict(outcome, drafted)).SerializeToString()
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
             await context.abort(e.code, e.message, e.trailing)
@@ -393,13 +409,14 @@ class VerifierService:
         except Exception as e:
             raise _scheduler_error(e)
 
-    def _verdict(self, o: StepOutcome) -> pb.Verdict:
+    def _verdict(self, o: StepOutcome, verifier_drafted: int = 0) -> pb.Verdict:
         self.metrics.accepted.observe(len(o.verdict.tokens))
         return pb.Verdict(tokens=o.verdict.tokens, accepted=o.verdict.accepted, queue_ms=o.queue_ms,
                           compute_ms=o.compute_ms,
                           next_max_tree_tokens=min(self.config.max_tree_tokens, o.next_max_tree_tokens),
                           cost=wire.cost_to_pb(o.cost, o.active_sessions),
-                          hints=wire.hints_to_pb(o.verdict.hints) if o.verdict.hints is not None else None)
+                          hints=wire.hints_to_pb(o.verdict.hints) if o.verdict.hints is not None else None,
+                          verifier_drafted=verifier_drafted)
 
 
 class _PrefillReports:
@@ -438,6 +455,14 @@ def _moved() -> _Abort:
 def _retrieved(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def _as_unfilled(o: StepOutcome) -> StepOutcome:
+    """The outcome of a pass over the verifier's own draft (nothing of the client's tree was left), as the
+    client reads it: no node of its tree accepted, hints at the root only; the tokens stay all committed."""
+    v = o.verdict
+    hints = None if v.hints is None else Hints(v.hints.ids[:1], v.hints.probs[:1])
+    return replace(o, verdict=replace(v, accepted=[], hints=hints))
 
 
 def _still_to_verify(tree: DraftTree, root_length: int, prompt_length: int, generated: list[int]) -> DraftTree:

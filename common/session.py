@@ -20,6 +20,7 @@ class StepResult:
     rtt_ms: float = 0.0  # the rest of the round trip: network, serialisation
     next_max_tree_tokens: int | None = None  # the largest tree the verifier will take untrimmed next round
     hints: Hints | None = None  # the target's top tokens at the root and every node sent, when asked for
+    verifier_drafted: int = 0  # of `tokens`, those the verifier drafted itself (a tree ahead's fill_tokens)
 
 
 class VerifierSession(Protocol):

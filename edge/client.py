@@ -55,16 +55,18 @@ class EdgeClient:
     nodes a round sends; the verifier's own limit (read at connect) lowers it. `hints`: let the drafter draft
     from the verifier's own top tokens at every verified position, when both offer it (a few hundred bytes
     a round). `overlap`: send the next tree ahead of the verdict in flight where that pays
-    (edge/controller.py, `ahead`). Thread-safe: concurrent generate and stream calls share the connection."""
+    (edge/controller.py, `ahead`). `fill`: let the verifier draft for a tree ahead of which nothing is left
+    once the verdict before it is known (cloud/verifier_drafter.py). Thread-safe: concurrent generate and
+    stream calls share the connection."""
 
     def __init__(self, targets: str | list[str], drafter: str = "retrieval", tokenizer=None,
                  corpus: Datastore | list[str | Path] | None = None, channel: ChannelConfig | None = None,
                  client_id: str | None = None, max_tree: int = MAX_TREE_NODES, hints: bool = True,
-                 overlap: bool = True) -> None:
+                 overlap: bool = True, fill: bool = True) -> None:
         self.targets = [targets] if isinstance(targets, str) else list(targets)
         self.channel = channel or ChannelConfig()
         self.client_id = client_id or f"edge-{uuid.uuid4().hex[:8]}"
-        self.hints, self.overlap = hints, overlap
+        self.hints, self.overlap, self.fill = hints, overlap, fill
         self._next_target = itertools.cycle(self.targets)
         self.verifier = self._connect()
         info = self.verifier.info
@@ -82,7 +84,7 @@ class EdgeClient:
         self._idle_lock = threading.Lock()
 
     def _new_pair(self) -> tuple[Drafter | None, TreeSizeController]:
-        return self._new_drafter(), TreeSizeController(self.max_tree, overlap=self.overlap)
+        return self._new_drafter(), TreeSizeController(self.max_tree, overlap=self.overlap, fill=self.fill)
 
     def _hints_top_k(self, drafter: Drafter | None) -> int:
         """Hint tokens per position to ask for: what the drafter uses, within what the verifier offers."""

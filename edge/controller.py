@@ -19,13 +19,16 @@ AHEAD_MARGIN = 1.1
 
 class TreeSizeController:
     def __init__(self, max_nodes: int = MAX_TREE_NODES, overhead_ms: float = 0.0, alpha: float = 0.3,
-                 fixed: int | None = None, overlap: bool = True) -> None:
+                 fixed: int | None = None, overlap: bool = True, fill: bool = True) -> None:
         """`fixed`: always send this many nodes (as many as the draft has, within the caps) instead of the
         expected-value choice: the fixed sizes that experiments compare the choice with. `overlap`: send a
-        tree ahead of the verdict in flight where that pays (see `ahead`)."""
+        tree ahead of the verdict in flight where that pays (see `ahead`). `fill`: let the verifier draft for
+        a tree ahead of which nothing is left once the verdict before it is known (cloud/verifier_drafter.py:
+        it knows that verdict's last token, which the edge could not)."""
         self.max_nodes = max_nodes
         self.fixed = fixed
         self.overlap = overlap
+        self.fill = fill
         self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
@@ -53,7 +56,10 @@ class TreeSizeController:
         its bonus token), every pass or every half round trip and pass, whichever is longer (two trees in
         flight). Whether to go ahead at all is priced as in a pipeline under way, where a tree covers only
         what is left of the one before it after a verdict, which is little (as if nothing were covered),
-        and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover."""
+        and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover. Where the
+        verifier drafts for a tree with nothing left (`fill`), such a tree is worth its pass's token plus what
+        that draft commits: taken to be what this one promises (the verifier drafts from the same text, by
+        the same rule, knowing one token more)."""
         if not self.overlap:
             return None
         wait = self.choose(draft, cost, remaining)
@@ -61,7 +67,10 @@ class TreeSizeController:
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
         waiting = min(remaining, 1.0 + probs[:wait].sum()) / (self.overhead_ms + cost.ms(wait))
-        if self._ahead_rate(draft, probs, cost, remaining, covered=0)[1] <= AHEAD_MARGIN * waiting:
+        ahead = self._ahead_rate(draft, probs, cost, remaining, covered=0)[1]
+        if self.fill:
+            ahead = max(ahead, min(remaining, 1.0 + probs[:wait].sum()) / self._pipelined_ms(cost.ms(wait)))
+        if ahead <= AHEAD_MARGIN * waiting:
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered)[0]
 
@@ -73,10 +82,18 @@ class TreeSizeController:
         below = np.arange(covered, min(len(draft), covered + cap))
         adds = np.where(np.asarray(draft.parents, dtype=np.int64)[below] >= covered, probs[below], 0.0)
         expected = np.minimum(1.0 + np.concatenate(([0.0], np.cumsum(adds))), remaining)
-        pass_ms = cost.table(len(below))
-        rate = expected / (pass_ms + np.maximum(0.0, (self.overhead_ms - pass_ms) / 2))
+        rate = expected / self._pipelined_ms(cost.table(len(below)))
         n = min(self.fixed, len(below)) if self.fixed is not None else int(np.argmax(rate))
         return n, float(rate[n])
+
+    def _pipelined_ms(self, pass_ms):
+        """Time between verdicts with two trees in flight: a pass, or half a round trip and a pass."""
+        return pass_ms + np.maximum(0.0, (self.overhead_ms - pass_ms) / 2)
+
+    @property
+    def fill_tokens(self) -> int:
+        """The most tokens a tree ahead lets the verifier draft where nothing of it is left (0: none)."""
+        return (self.fixed or self.max_nodes) if self.fill else 0
 
     def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
         """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A

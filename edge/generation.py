@@ -30,6 +30,7 @@ class GenerationResult:
     queue_ms: list[float] = field(default_factory=list)  # waiting for a place in the verifier's batch
     network_ms: list[float] = field(default_factory=list)  # the rest: network, serialisation
     ahead: int = 0  # rounds whose tree went out ahead of the verdict before it (pipelined)
+    verifier_drafted: int = 0  # committed tokens the verifier drafted itself (trees ahead with nothing left)
 
     @property
     def num_tokens(self) -> int:
@@ -111,6 +112,7 @@ def generate(
             result.queue_ms.append(step.queue_ms)
             result.network_ms.append(step.rtt_ms)
             result.ahead += sent.ahead
+            result.verifier_drafted += step.verifier_drafted
             if result.rounds == 1:
                 result.ttft_s = time.perf_counter() - start
             if drafter is not None:
@@ -148,6 +150,7 @@ class _Sent:
     root: int  # output tokens committed when it was drafted: its root follows them
     draft_ms: float
     ahead: bool = False  # sent while another tree's verdict was in flight
+    fill_tokens: int = 0  # what the verifier may draft itself where nothing of it is left
 
 
 def _sized(draft: DraftTree, controller: TreeSizeController | None, session, remaining: int) -> DraftTree:
@@ -162,12 +165,15 @@ def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_fl
     t0 = time.perf_counter() if t0 is None else t0
     (pending,) = in_flight
     left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
-    most = max(left.depths(), default=0) + 1  # tokens its verdict can commit
+    # Tokens its verdict can commit. (A verifier drafting for a tree with nothing left leaves one token of
+    # the budget over: cloud/service.py.)
+    most = max(left.depths()) + 1 if left else 1 + max(0, min(pending.fill_tokens, max_new_tokens - len(out) - 2))
     if len(out) + most >= max_new_tokens:
         return
     size = controller.ahead(draft, session.cost_model(), max_new_tokens - len(out) - most, len(left))
     if size is None:
         return
     tree = draft.prefix(min(size, session.max_tree_tokens))
-    session.send(tree, root_length=len(session.prompt_ids) + len(out))
-    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True))
+    session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
+    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True,
+                           fill_tokens=controller.fill_tokens))

@@ -49,7 +49,7 @@ class ResumableSession:
         self._cost: CostModel | None = None
         # Trees sent and not yet answered, with the sequence length at each one's root: after a break they
         # go to the new stream again, less what the verdicts that did arrive committed.
-        self._in_flight: deque[tuple[DraftTree, int]] = deque()
+        self._in_flight: deque[tuple[DraftTree, int, int]] = deque()  # (tree, root length, fill_tokens)
         self._with_retries(lambda: None)  # connects: the prefill goes with the first draft
         self.vocab_size = self.session.vocab_size
         self.max_tree_tokens = self.session.max_tree_tokens
@@ -59,10 +59,10 @@ class ResumableSession:
         self.send(tree)
         return self.receive()
 
-    def send(self, tree: DraftTree, root_length: int | None = None) -> None:
+    def send(self, tree: DraftTree, root_length: int | None = None, fill_tokens: int = 0) -> None:
         """Send without waiting (see RemoteSession.send); a broken stream shows at `receive`."""
-        self._in_flight.append((tree, root_length or len(self.prompt_ids) + len(self.committed)))
-        self.session.send(tree, root_length)
+        self._in_flight.append((tree, root_length or len(self.prompt_ids) + len(self.committed), fill_tokens))
+        self.session.send(tree, root_length, fill_tokens)
 
     def receive(self) -> StepResult:
         """The verdict on the oldest tree in flight, across breaks and refusals."""
@@ -106,9 +106,9 @@ class ResumableSession:
         """The trees in flight on a new stream, each less what has been committed since it was drafted: the
         oldest now hangs off the end, the others go ahead of its verdict as they did before."""
         end = len(self.prompt_ids) + len(self.committed)
-        for i, (tree, root) in enumerate(self._in_flight):
+        for i, (tree, root, fill_tokens) in enumerate(self._in_flight):
             rest = tree.after(self.committed[root - len(self.prompt_ids) :])
-            self.session.send(rest, root_length=None if i == 0 else end)
+            self.session.send(rest, root_length=None if i == 0 else end, fill_tokens=fill_tokens)
 
     def _open(self) -> RemoteSession:
         """A new stream for the rest of the generation: the prompt plus everything committed so far."""

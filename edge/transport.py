@@ -115,10 +115,11 @@ class RemoteSession:
         self.send(tree)
         return self.receive()
 
-    def send(self, tree: DraftTree, root_length: int | None = None) -> None:
+    def send(self, tree: DraftTree, root_length: int | None = None, fill_tokens: int = 0) -> None:
         """Send a tree without waiting for its verdict (the first one also opens the session). `root_length`:
         for a tree sent ahead of verdicts still to come, the sequence length (prompt + committed tokens) at
-        its root; the verifier verifies what is left of it once those verdicts are committed."""
+        its root; the verifier verifies what is left of it once those verdicts are committed, and where
+        nothing is left, drafts up to `fill_tokens` itself (cloud/verifier_drafter.py)."""
         self._sent.append(time.perf_counter())
         if self._responses is None:
             self._requests.put(pb.SessionRequest(open=pb.OpenSession(
@@ -129,7 +130,7 @@ class RemoteSession:
                                                      metadata=self.verifier.config.metadata(),
                                                      timeout=self.verifier.config.rpc_timeout_s)
         else:
-            self._requests.put(pb.SessionRequest(draft=wire.tree_to_pb(tree, root_length)))
+            self._requests.put(pb.SessionRequest(draft=wire.tree_to_pb(tree, root_length, fill_tokens)))
 
     def _outgoing(self):
         """The requests, for gRPC's sending thread: until close, or until the call has ended some other way
@@ -157,7 +158,8 @@ class RemoteSession:
         self._cost = wire.cost_from_pb(verdict.cost)
         return StepResult(tokens=list(verdict.tokens), accepted=list(verdict.accepted), compute_ms=verdict.compute_ms,
                           queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),
-                          next_max_tree_tokens=verdict.next_max_tree_tokens, hints=wire.hints_from_pb(verdict.hints))
+                          next_max_tree_tokens=verdict.next_max_tree_tokens, hints=wire.hints_from_pb(verdict.hints),
+                          verifier_drafted=verdict.verifier_drafted)
 
     def cost_model(self) -> CostModel:
         return self._cost

@@ -1,9 +1,11 @@
 """Trees sent ahead of the verdict in flight (edge pipelining over long round trips): the verifier verifies
 what is left of such a tree once the verdicts before it are committed, so output stays exactly the
 target's; over a long round trip the edge keeps two trees in flight (when it does is the controller's
-rule, tests/test_tree_size_controller.py); a link that resets mid-stream loses nothing, trees in flight
-included. Tiny model, real gRPC on 127.0.0.1, the
-network-emulating proxy for the round trip."""
+rule, tests/test_tree_size_controller.py); where nothing of a tree ahead is left, the verifier drafts for it
+when asked (it knows the verdict before it, the edge did not), output unchanged; a link that resets
+mid-stream loses nothing, trees in flight included. Tiny model (its greedy output soon repeats itself: what
+the verifier's retrieval drafts need), real gRPC on 127.0.0.1, the network-emulating proxy for the round
+trip."""
 
 from __future__ import annotations
 
@@ -102,6 +104,62 @@ def test_a_tree_sent_ahead_is_verified_below_what_the_verdict_before_it_committe
     session.send(DraftTree.empty(), root_length=len(PROMPT) + 11)
     assert session.receive().tokens == reference[11:14] and session.receive().tokens == [reference[14]]
     session.close()
+
+
+def test_where_nothing_of_a_tree_ahead_is_left_the_verifier_drafts_for_it_when_asked(server, reference):
+    """The verdict then commits the verifier's draft as far as the target agrees, plus its own token; it
+    accepts none of the client's nodes and hints at the root only, as it would have without the draft."""
+    session = RemoteVerifier(server.target).open(PROMPT, LONG, hints_top_k=4)
+    session.send(DraftTree.chain(reference[:8]))  # opens; commits reference[:9]
+    session.send(DraftTree.chain([(reference[0] + 1) % V]), root_length=len(PROMPT), fill_tokens=8)
+    first, second = session.receive(), session.receive()
+    assert first.tokens == reference[:9]
+    assert len(second.tokens) > 1 and second.tokens == reference[9 : 9 + len(second.tokens)]
+    assert second.accepted == [] and second.verifier_drafted == len(second.tokens) - 1
+    assert len(second.hints) == 1
+    # Not asked (fill_tokens 0): the bare pass's one token, as before.
+    end = len(PROMPT) + len(first.tokens) + len(second.tokens)
+    session.send(DraftTree.empty())
+    session.send(DraftTree.chain([(reference[0] + 1) % V]), root_length=end)
+    third, fourth = session.receive(), session.receive()
+    assert len(third.tokens) == len(fourth.tokens) == 1 and fourth.verifier_drafted == 0
+    session.close()
+
+
+def test_the_verifiers_draft_leaves_a_token_of_the_budget_for_the_tree_after_it(server, reference):
+    """So a client that sends a tree ahead of such a verdict (which it does only while that verdict cannot
+    end the budget: edge/generation.py) never sends one past the end."""
+    session = RemoteVerifier(server.target).open(PROMPT, SamplingParams(max_new_tokens=12))
+    out = session.step(DraftTree.chain(reference[:6])).tokens  # 7 of 12
+    while len(out) < 12:
+        session.send(DraftTree.chain([(reference[0] + 1) % V]), root_length=len(PROMPT), fill_tokens=8)
+        verdict = session.receive()
+        assert verdict.verifier_drafted <= max(0, 12 - len(out) - 2)
+        out += verdict.tokens
+    assert out == reference[:12]
+    session.close()
+
+
+@pytest.mark.parametrize("fill", [True, False])
+def test_an_edge_with_nothing_to_draft_commits_the_verifiers_drafts_over_a_long_round_trip(server, reference, fill):
+    nothing = FunctionDrafter(lambda committed: DraftTree.empty())
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=nothing, controller=TreeSizeController(max_nodes=8, fill=fill))
+    assert got.token_ids == reference and got.ahead >= 2
+    if fill:
+        assert got.verifier_drafted > len(reference) / 2 and got.rounds < len(reference) / 2
+    else:
+        assert got.verifier_drafted == 0 and got.rounds == len(reference)
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_the_verifiers_drafts_as_without(server):
+    """The draws depend on the seed and the position only (tests/test_acceptance.py), so any draft, the
+    verifier's own included, leaves a seeded output as it is."""
+    params = SamplingParams(max_new_tokens=60, temperature=1.0, seed=3)
+    nothing = FunctionDrafter(lambda committed: DraftTree.empty())
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target, params), drafter=nothing, controller=TreeSizeController(max_nodes=8))
+    assert got.token_ids == solo_output(server, params=params) and got.ahead >= 2
 
 
 def test_a_tree_rooted_outside_the_committed_sequence_is_invalid(server):

@@ -77,7 +77,8 @@ def test_over_no_or_a_short_round_trip_the_edge_waits_for_the_verdict_instead_of
     """A tree drafted a verdict earlier is worth less, and waiting costs no more than a few ms here."""
     for accept in (0.5, 0.8, 0.95):
         assert TreeSizeController(max_nodes=16, overhead_ms=0).ahead(chain(accept), LINEAR, 1000, covered=6) is None
-    assert TreeSizeController(max_nodes=16, overhead_ms=5).ahead(chain(0.8), LINEAR, 1000, covered=9) is None
+    without_fill = TreeSizeController(max_nodes=16, overhead_ms=5, fill=False)
+    assert without_fill.ahead(chain(0.8), LINEAR, 1000, covered=9) is None
     assert TreeSizeController(max_nodes=16, overhead_ms=80, overlap=False).ahead(chain(0.85), LINEAR, 1000, 6) is None
 
 
@@ -104,6 +105,21 @@ def test_a_tree_ahead_is_priced_by_the_nodes_below_what_the_verdict_in_flight_ca
     deep = far.ahead(chain(0.95), LINEAR, remaining=1000, covered=6)
     assert deep is not None and deep > 7
     assert far.ahead(chain(0.95, n=10), LINEAR, remaining=1000, covered=6) <= 10  # no more than the draft
+
+
+@pytest.mark.parametrize("accept", [0.5, 0.8])
+def test_where_the_verifier_drafts_for_a_tree_with_nothing_left_a_shorter_round_trip_pays_for_going_ahead(accept):
+    """A bare tree ahead is worth what the verifier drafts for it once it knows the verdict before it, taken
+    to be what the edge's draft promises: ahead then pays wherever a round trip is worth AHEAD_MARGIN of a
+    pass, and not over a round trip of a few ms; a fixed size lets the verifier draft that many tokens."""
+    for rtt in (20, 40):
+        assert TreeSizeController(max_nodes=16, overhead_ms=rtt, fill=False).ahead(
+            chain(accept), SLOW, 1000, covered=9) is None, rtt
+        assert TreeSizeController(max_nodes=16, overhead_ms=rtt).ahead(chain(accept), SLOW, 1000, covered=9), rtt
+    assert TreeSizeController(max_nodes=16, overhead_ms=2).ahead(chain(accept), SLOW, 1000, covered=9) is None
+    assert TreeSizeController(max_nodes=16).fill_tokens == 16
+    assert TreeSizeController(max_nodes=16, fixed=8).fill_tokens == 8
+    assert TreeSizeController(max_nodes=16, fill=False).fill_tokens == 0
 
 
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
