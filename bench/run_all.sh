@@ -51,7 +51,7 @@ for step in "${steps[@]}"; do
         --reps 2 --chat --drafters retrieval:no-hints,retrieval --baselines ar,suffix --out $OUT/hints-other ;;
     edge-network)  # section 8: round trips through the network proxy, tree sizes, trees sent ahead; report + plots
       $BIN/specedge bench --workload specbench:summarization,rag --per-category 3 --max-new-tokens 96 --reps 2 \
-        --chat --rtt-ms 0,80,150 --tree-size adaptive,8,32 --overlap on,off --baselines server-ar,remote-ar \
+        --chat --rtt-ms 0,80,150 --tree-size adaptive,8,32 --overlap on,off --fill on,off --baselines server-ar,remote-ar \
         --out $OUT/edge-network ;;
     gpu-refs)  # section 9: the greedy outputs whose acceptance the GPU projection replays (committed as refs-*.jsonl)
       $BIN/specedge bench --workload specbench:summarization,rag --per-category 6 --max-new-tokens 128 --reps 1 \
