@@ -23,9 +23,9 @@ def add_edge_flags(parser: argparse.ArgumentParser, default_drafter: str) -> Non
                         "flight (by default one goes out where that pays more than waiting a round trip for "
                         "the verdict)")
     parser.add_argument("--no-fill", action="store_true", help="do not let the verifier draft a tree sent ahead "
-                        "of which nothing is left once the verdict before it is known (by default it drafts a "
-                        "few tokens from the session's own text: it knows that verdict's last token, the edge "
-                        "did not)")
+                        "of which nothing is left once the verdict before it is known (by default it drafts there "
+                        "itself, from the session's own text: it knows that verdict's last token, the edge did "
+                        "not)")
     parser.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                         help="files or directories for the long-term datastore, or a datastore built with "
                         "`specedge index build` (repeatable); built once and cached")

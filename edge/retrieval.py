@@ -16,7 +16,7 @@ from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
 from specedge.edge.acceptance_model import AcceptanceModel
 from specedge.edge.calibration import judged_by_text, reached_and_accepted
-from specedge.common.context_index import ContextIndex
+from specedge.edge.context_index import ContextIndex
 from specedge.edge.datastore import Datastore
 from specedge.edge.recycling import CONTEXT, Recycler
 from specedge.edge.tree_builder import CandidateSet, build_draft

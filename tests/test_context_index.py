@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from specedge.common.context_index import ContextIndex
+from specedge.edge.context_index import ContextIndex
 
 
 def brute_force_matches(tokens: list[int], max_len: int, min_len: int = 1) -> dict[int, int]:
