@@ -15,6 +15,12 @@ from specedge.common.tree_sizing import MAX_TREE_NODES, best_tree_size
 # A tree ahead must promise this much more than waiting: while it is in flight, a draft made after the verdict
 # before it (which may find far more once that verdict's tokens are known) waits a pass longer.
 AHEAD_MARGIN = 1.1
+FILL_ALPHA = 0.1  # weight of the latest value in the recent means of the verifier's drafts and the promises
+
+
+def _mean(mean: float | None, value: float, alpha: float) -> float:
+    """An exponential moving mean; the first value starts it."""
+    return float(value) if mean is None else mean + alpha * (value - mean)
 
 
 class TreeSizeController:
@@ -29,6 +35,10 @@ class TreeSizeController:
         self.fixed = fixed
         self.overlap = overlap
         self.fill = fill
+        # Recent means of what the verifier's drafts committed per filled pass and of what this edge's drafts
+        # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
+        self._filled: float | None = None
+        self._promised: float | None = None
         self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
@@ -58,8 +68,9 @@ class TreeSizeController:
         what is left of the one before it after a verdict, which is little (as if nothing were covered),
         and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover. Where the
         verifier drafts for a tree with nothing left (`fill`), such a tree is worth its pass's token plus what
-        that draft commits: taken to be what this one promises (the verifier drafts from the same text, by
-        the same rule, knowing one token more)."""
+        that draft commits: what this one promises (the verifier drafts from the same text, by the same
+        rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
+        such promises (under load it sizes them down; in a new session its estimates start from priors)."""
         if not self.overlap:
             return None
         wait = self.choose(draft, cost, remaining)
@@ -69,7 +80,10 @@ class TreeSizeController:
         waiting = min(remaining, 1.0 + probs[:wait].sum()) / (self.overhead_ms + cost.ms(wait))
         ahead = self._ahead_rate(draft, probs, cost, remaining, covered=0)[1]
         if self.fill:
-            ahead = max(ahead, min(remaining, 1.0 + probs[:wait].sum()) / self._pipelined_ms(cost.ms(wait)))
+            promised = probs[:wait].sum()
+            self._promised = _mean(self._promised, promised, FILL_ALPHA)
+            filled = promised * (1.0 if self._filled is None else self._filled / max(self._promised, 1e-9))
+            ahead = max(ahead, min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait)))
         if ahead <= AHEAD_MARGIN * waiting:
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered)[0]
@@ -98,9 +112,11 @@ class TreeSizeController:
     def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
         """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A
         tree sent ahead waited on the verifier for the verdict before it: its wait tells nothing of the
-        network, so only the verifier's cap is read from it."""
+        network; where nothing of it was left, it tells what the verifier's draft committed."""
         if not ahead:
             measured = result.rtt_ms + result.queue_ms
             self.overhead_ms += self.alpha * (measured - self.overhead_ms)
+        elif self.fill and not len(tree):  # nothing of it was left: the verifier drafted
+            self._filled = _mean(self._filled, result.verifier_drafted, FILL_ALPHA)
         if result.next_max_tree_tokens is not None:
             self.server_cap = result.next_max_tree_tokens

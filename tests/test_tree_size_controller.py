@@ -122,6 +122,21 @@ def test_where_the_verifier_drafts_for_a_tree_with_nothing_left_a_shorter_round_
     assert TreeSizeController(max_nodes=16, fill=False).fill_tokens == 0
 
 
+@pytest.mark.parametrize("committed, goes_ahead", [(0, False), (None, True)], ids=["nothing", "as-promised"])
+def test_the_worth_of_the_verifiers_drafts_follows_what_they_have_committed(committed, goes_ahead):
+    """Under load the verifier sizes its drafts down, and in a new session its estimates start from priors: a
+    bare tree ahead is worth what its drafts have lately committed against what the edge's drafts promised."""
+    controller = TreeSizeController(max_nodes=16, overhead_ms=40)
+    draft = chain(0.8)
+    promised = sum(draft.accept_probs[: controller.choose(draft, SLOW, 1000)])
+    for _ in range(40):
+        assert controller.ahead(draft, SLOW, 1000, covered=9) is not None or not goes_ahead
+        drafted = round(promised) if committed is None else committed
+        controller.observe(DraftTree.empty(), StepResult([1] * (drafted + 1), [], compute_ms=120.0,
+                                                         verifier_drafted=drafted), ahead=True)
+    assert (controller.ahead(draft, SLOW, 1000, covered=9) is not None) == goes_ahead
+
+
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
     fixed = TreeSizeController(max_nodes=64, overhead_ms=80, fixed=8)
     assert fixed.ahead(chain(0.95), LINEAR, remaining=1000, covered=6) == 6 + 8
