@@ -178,9 +178,9 @@ class VerifierService:
                 generated += outcome.verdict.tokens
                 if drafter is not None:
                     drafter.observe(tree, outcome.verdict)
-                drafted = len(outcome.verdict.accepted) if filled else 0
+                drafted = 0
                 if filled:
-                    outcome = _as_unfilled(outcome)
+                    drafted, outcome = len(outcome.verdict.accepted), _as_unfilled(outcome)
                 yield pb.SessionResponse(verdict=self._verdict(outcome, drafted)).SerializeToString()
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()

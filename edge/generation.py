@@ -150,7 +150,6 @@ class _Sent:
     root: int  # output tokens committed when it was drafted: its root follows them
     draft_ms: float
     ahead: bool = False  # sent while another tree's verdict was in flight
-    fill_tokens: int = 0  # what the verifier may draft itself where nothing of it is left
 
 
 def _sized(draft: DraftTree, controller: TreeSizeController | None, session, remaining: int) -> DraftTree:
@@ -165,9 +164,10 @@ def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_fl
     t0 = time.perf_counter() if t0 is None else t0
     (pending,) = in_flight
     left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
-    # Tokens its verdict can commit. (A verifier drafting for a tree with nothing left leaves one token of
-    # the budget over: cloud/service.py.)
-    most = max(left.depths()) + 1 if left else 1 + max(0, min(pending.fill_tokens, max_new_tokens - len(out) - 2))
+    # Tokens its verdict can commit. (A tree ahead lets the verifier draft where nothing of it is left, and
+    # it leaves one token of the budget over then: cloud/service.py.)
+    filled = controller.fill_tokens if pending.ahead else 0
+    most = max(left.depths()) + 1 if left else 1 + max(0, min(filled, max_new_tokens - len(out) - 2))
     if len(out) + most >= max_new_tokens:
         return
     size = controller.ahead(draft, session.cost_model(), max_new_tokens - len(out) - most, len(left))
@@ -175,5 +175,4 @@ def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_fl
         return
     tree = draft.prefix(min(size, session.max_tree_tokens))
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
-    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True,
-                           fill_tokens=controller.fill_tokens))
+    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True))
