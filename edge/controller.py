@@ -53,7 +53,8 @@ class TreeSizeController:
         probs = draft.accept_probs[:cap]
         return best_tree_size(probs, cost.table(len(probs)), overhead_ms=self.overhead_ms, most_tokens=remaining)
 
-    def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int) -> int | None:
+    def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int, beyond: bool = False
+              ) -> int | None:
         """Nodes of `draft` to send ahead of the verdict in flight (None: wait for it instead). The verifier
         verifies what is left of them once that verdict is committed and answers a pass after it, where
         waiting would answer a round trip and a pass after it: a tree ahead keeps the verifier busy during
@@ -66,21 +67,26 @@ class TreeSizeController:
         its bonus token), every pass or every half round trip and pass, whichever is longer (two trees in
         flight). Whether to go ahead at all is priced as in a pipeline under way, where a tree covers only
         what is left of the one before it after a verdict, which is little (as if nothing were covered),
-        and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover. Where the
+        and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover. (`beyond`: the
+        draft was made beyond the covered nodes, the likeliest path of the tree in flight, as a model drafter
+        makes it (edge/generation.py): then what it covers is known, and the choice is priced by it.) Where the
         verifier drafts for a tree with nothing left (`fill`), such a tree is worth its pass's token plus what
         that draft commits: what this one promises (the verifier drafts from the same text, by the same
         rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
         such promises (under load it sizes them down; in a new session its estimates start from priors)."""
         if not self.overlap:
             return None
-        wait = self.choose(draft, cost, remaining)
+        # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
+        # below that path (a draft after the verdict starts from about there)
+        fresh = draft.after(draft.tokens[:covered]) if beyond and covered else draft
+        wait = self.choose(fresh, cost, remaining)
         if draft.accept_probs is None:  # nothing to price it by: ahead when the trip outlasts the pass
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
-        waiting = min(remaining, 1.0 + probs[:wait].sum()) / (self.overhead_ms + cost.ms(wait))
-        ahead = self._ahead_rate(draft, probs, cost, remaining, covered=0)[1]
+        promised = sum(fresh.accept_probs[:wait])
+        waiting = min(remaining, 1.0 + promised) / (self.overhead_ms + cost.ms(wait))
+        ahead = self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0)[1]
         if self.fill:
-            promised = probs[:wait].sum()
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
             filled = promised * (1.0 if self._filled is None else self._filled / max(self._promised, 1e-9))
             ahead = max(ahead, min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait)))

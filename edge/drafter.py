@@ -11,6 +11,10 @@ from specedge.common.session import StepResult
 
 
 class Drafter(Protocol):
+    # Optional attributes: `hints_top_k` (hints_wanted, below); `sends_ahead = False`: this drafter's trees
+    # never go out ahead of the verdict in flight (edge/generation.py), as where it prices its rounds as
+    # serial ones.
+
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         """A new generation starts from these prompt tokens, sampled with `params` (None: greedy)."""
 
@@ -33,8 +37,8 @@ def hints_wanted(drafter: Drafter | None) -> int:
 
 class SpeculatingDrafter(Drafter, Protocol):
     def speculate(self, stop: Callable[[], bool]) -> None:
-        """Called while the last proposed tree is being verified: use the wait (e.g. draft ahead) until
-        `stop()` turns true, which it does when the verdict is in."""
+        """Called while the last tree sent is being verified and no other is in flight: use the wait (e.g.
+        draft ahead) until `stop()` turns true, which it does when the verdict is in."""
 
 
 class LearningDrafter(Drafter, Protocol):

@@ -71,9 +71,10 @@ def generate(
     # A drafter that can use the verifier's time gets it: the step runs in a thread meanwhile.
     speculate = getattr(drafter, "speculate", None)
     waiting = ThreadPoolExecutor(1, thread_name_prefix="verdict") if speculate is not None else None
-    # Trees that may go out ahead of a verdict: a session that can send without waiting, a drafter whose
-    # drafts do not depend on using the wait itself.
-    ahead = hasattr(session, "send") and drafter is not None and controller is not None and speculate is None
+    # Trees that may go out ahead of a verdict: a session that can send without waiting, a drafter that does
+    # not say otherwise (its `sends_ahead`).
+    ahead = (hasattr(session, "send") and drafter is not None and controller is not None
+             and getattr(drafter, "sends_ahead", True))
     # A drafter that learns from a verdict apart from committing it (RetrievalDrafter.learn) does so while the
     # next verdict is on its way, where the session can send without waiting.
     learn = getattr(drafter, "learn", None)
@@ -88,15 +89,19 @@ def generate(
                     session.send(tree)
                 in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3))
                 if ahead:
-                    _send_ahead(session, draft, controller, in_flight, out, params.max_new_tokens)
+                    _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
             elif ahead and len(in_flight) == 1:
-                t0 = time.perf_counter()
-                _send_ahead(session, drafter.propose(), controller, in_flight, out, params.max_new_tokens, t0)
+                _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
             sent = in_flight.popleft()
             if ahead:
                 if learn is not None:
                     learn()
-                step = session.receive()
+                if speculate is not None and not in_flight:  # no tree ahead of it: the drafter uses the wait
+                    verdict = waiting.submit(session.receive)
+                    speculate(verdict.done)
+                    step = verdict.result()
+                else:
+                    step = session.receive()
             elif speculate is not None:  # an empty tree's pass too: a model drafter reads the verdict-to-be
                 verdict = waiting.submit(session.step, sent.tree)
                 speculate(verdict.done)
@@ -157,11 +162,13 @@ def _sized(draft: DraftTree, controller: TreeSizeController | None, session, rem
     return draft.prefix(min(size, session.max_tree_tokens))
 
 
-def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_flight: deque[_Sent],
-                out: list[int], max_new_tokens: int, t0: float | None = None) -> None:
-    """Send `draft` (rooted at the committed end) ahead of the one verdict in flight, if that pays and the
-    verdict cannot end the generation's token budget first."""
-    t0 = time.perf_counter() if t0 is None else t0
+def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
+                out: list[int], max_new_tokens: int, draft: DraftTree | None = None) -> None:
+    """Send a tree ahead of the one verdict in flight, if that pays and the verdict cannot end the generation's
+    token budget first. The tree: `draft` (rooted at the committed end), or else the drafter's draft now; a
+    drafter that can draft beyond a path (`propose_after`, the model drafter) drafts beyond the likeliest path
+    of the tree in flight instead, so that what it adds lies beyond what that verdict may commit."""
+    t0 = time.perf_counter()
     (pending,) = in_flight
     left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
     # Tokens its verdict can commit. (A tree ahead lets the verifier draft where nothing of it is left, and
@@ -170,9 +177,49 @@ def _send_ahead(session, draft: DraftTree, controller: TreeSizeController, in_fl
     most = max(left.depths()) + 1 if left else 1 + max(0, min(filled, max_new_tokens - len(out) - 2))
     if len(out) + most >= max_new_tokens:
         return
-    size = controller.ahead(draft, session.cost_model(), max_new_tokens - len(out) - most, len(left))
+    # The budget left to this tree: after the verdict in flight has taken what its nodes can, or one token
+    # where the verifier drafts for it (its draft is sized by what is left, so counting the most it could
+    # take would price every tree after a bare one as having a token left, and send it bare too)
+    remaining = max_new_tokens - len(out) - (max(left.depths()) + 1 if left else 1)
+    propose_after = getattr(drafter, "propose_after", None)
+    if propose_after is not None:
+        path = _likeliest_path(left)
+        draft = _below(left, path, propose_after([left.tokens[i] for i in path]))
+        size = controller.ahead(draft, session.cost_model(), remaining, len(path), beyond=True)
+    else:
+        draft = drafter.propose() if draft is None else draft
+        size = controller.ahead(draft, session.cost_model(), remaining, len(left))
     if size is None:
         return
     tree = draft.prefix(min(size, session.max_tree_tokens))
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
     in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True))
+
+
+def _likeliest_path(tree: DraftTree) -> list[int]:
+    """Node indices from the root down to a leaf, each the likeliest child of the one before."""
+    children, path = tree.children(), []
+    probs = tree.accept_probs or [1.0] * len(tree)
+    while kids := children[path[-1] + 1 if path else 0]:
+        path.append(max(kids, key=lambda k: probs[k]))
+    return path
+
+
+def _below(tree: DraftTree, path: list[int], draft: DraftTree) -> DraftTree:
+    """`path`'s nodes of `tree` as a chain with `draft` hanging below its end, best first: the chain's
+    estimates and notes are tree's, draft's estimates are times the chain's last. (The chain carries no
+    proposals: the verdict before commits it whole, or nothing of this tree is left.)"""
+    if not path:
+        return draft
+    n = len(path)
+    reach = tree.accept_probs[path[-1]] if tree.accept_probs is not None else 1.0
+    accept_probs = None
+    if tree.accept_probs is not None and draft.accept_probs is not None:
+        accept_probs = [tree.accept_probs[i] for i in path] + [reach * p for p in draft.accept_probs]
+    notes = None
+    if tree.notes is not None and draft.notes is not None:
+        notes = [tree.notes[i] for i in path] + list(draft.notes)
+    proposals = {parent + n if parent >= 0 else n - 1: q for parent, q in (draft.proposals or {}).items()}
+    return DraftTree([tree.tokens[i] for i in path] + draft.tokens,
+                     list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in draft.parents],
+                     proposals or None, accept_probs, notes)

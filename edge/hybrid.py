@@ -96,6 +96,8 @@ DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
 
 class HybridDrafter:
+    sends_ahead = False  # its round times (R, R_m, D, B above) are of serial rounds
+
     def __init__(self, retrieval: RetrievalDrafter, model: ModelDrafter, max_nodes: int) -> None:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes

@@ -74,7 +74,6 @@ class ModelDrafter:
         self._context: list[int] = []
         self._uncommitted: list[int] = []  # target ids observed but not yet given to the bridge (see context)
         self._ids_per_target = 1.0  # drafter ids per committed target id, lately (behind_ms's estimate)
-        self._raw = np.zeros(0)
         self._logits: dict[tuple[int, ...], np.ndarray] = {}  # drafter ids -> the next-token logits after them
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
@@ -173,10 +172,23 @@ class ModelDrafter:
             nodes, proposals = self._sampled()
         return self._best_first(nodes, proposals)
 
+    def propose_after(self, path: list[int]) -> DraftTree:
+        """A draft hanging off `path` (target ids) as if it were committed next: over a long round trip, the
+        tree to send ahead of a verdict that most likely commits `path` (edge/generation.py). The model
+        drafts as deep beyond it as from the committed end; what it read of `path` stays cached."""
+        context = self.context
+        if not path or not context:
+            return self.propose()
+        self._context = self.bridge.preview(path)
+        try:
+            return self.propose()
+        finally:
+            self._context = context
+
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         if len(tree):
             reached, accepted = reached_and_accepted(tree.parents, result.accepted)
-            raw = self._raw[: len(tree)]
+            raw = np.asarray(tree.notes, dtype=np.float64)  # each node's raw probability (_best_first)
             self.calibration.update(Calibration.buckets(raw[reached]), accepted[reached])
         self._uncommitted += result.tokens
         if self._prefilled:  # the first round's pass includes the prompt: not a typical round
@@ -424,11 +436,11 @@ class ModelDrafter:
         if any(nodes[i].parent >= 0 and where.get(nodes[i].parent, len(order)) >= where[i] for i in order):
             order = list(range(min(len(nodes), self.max_nodes)))  # a tie put a child first: keep draft order
             where = {i: i for i in order}
-        self._raw = np.array([nodes[i].raw for i in order])
         tree = DraftTree(
             tokens=[nodes[i].token for i in order],
             parents=[where[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in order],
             accept_probs=[nodes[i].estimate for i in order],
+            notes=[nodes[i].raw for i in order],  # the calibration's input, learned from with the node's verdict
         )
         if proposals is not None:
             tree.proposals = {(where[p] if p >= 0 else -1): q for p, q in proposals.items() if p < 0 or p in where}

@@ -18,6 +18,7 @@ from specedge.cloud.sampling import target_probs
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
+from specedge.edge.calibration import Calibration, reached_and_accepted
 from specedge.edge.draft_model import BATCH as BATCH_TOKENS
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
@@ -314,3 +315,35 @@ def test_a_verdicts_text_is_retokenised_only_when_the_models_context_is_next_wan
     assert lazy.behind_ms() == len(text) * 2.0 and commits == []  # one drafter id per target id, at first
     assert lazy.context == each_round.context and commits == [text]
     assert lazy.behind_ms() == lazy._unread() * 2.0 > 0
+
+
+
+def test_a_verdict_is_learned_from_with_the_probabilities_of_the_nodes_it_judged(real_model):
+    """Over a long round trip the next tree is drafted before the verdict on the last one is observed (trees
+    sent ahead): the acceptance model still learns from each node the verdict judged with the drafter's own
+    probability of that node (which travels with the tree), not with the probabilities of the draft made
+    since."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    drafter.prefill_in_background = False
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    context = list(drafter.context)
+    sent = drafter.propose().prefix(4)
+    assert len(sent) == 4
+    own, fresh = [], DraftModel(draft_model_path("smollm2-135m"), context=2048)
+    for i in range(len(sent)):  # the model's probability of each node given the path above it
+        path = [sent.tokens[j] for j in sent.path_to(i)]
+        logits = fresh.logits(context + path[:-1]).astype(np.float64)
+        p = np.exp(logits - logits.max())
+        own.append(p[path[-1]] / p.sum())
+    # Another verdict commits other text, and the next tree is drafted from there before `sent` is answered.
+    drafter.observe(DraftTree.empty(), StepResult(tokens=edge_tokenizer.encode(" zebra. Then I ran 42 km"),
+                                                  accepted=[], compute_ms=50.0))
+    assert len(drafter.propose())
+    before = drafter.calibration.reached.copy()
+    verdict = StepResult(tokens=[sent.tokens[0], 7], accepted=[0], compute_ms=50.0)
+    drafter.observe(sent, verdict)
+    reached, _ = reached_and_accepted(sent.parents, verdict.accepted)
+    want = np.bincount(Calibration.buckets(np.array(own)[reached]), minlength=len(before))
+    assert np.array_equal(drafter.calibration.reached - before, want)

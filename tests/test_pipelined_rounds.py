@@ -89,6 +89,34 @@ def test_proposals_follow_their_nodes_into_what_is_left():
     assert rest.proposals == {-1: ([2, 4], [0.6, 0.4]), 0: ([3], [1.0])}
 
 
+@settings(max_examples=200, deadline=None)
+@given(in_flight=trees(), draft=trees())
+def test_a_draft_hung_below_the_likeliest_path_is_exactly_what_is_left_once_that_path_is_committed(in_flight, draft):
+    """The tree a model drafter sends ahead (edge/generation.py): the in-flight tree's likeliest path as a chain,
+    its draft below. Once the verdict before commits that path, what is left is the draft itself: its nodes,
+    order, notes, proposals and (given the path) estimates; the whole is a valid tree, the chain's estimates
+    above the draft's."""
+    from specedge.edge.generation import _below, _likeliest_path
+
+    path = _likeliest_path(in_flight)
+    assert all(in_flight.parents[b] == a for a, b in zip([-1] + path, path))
+    assert not in_flight.children()[path[-1] + 1 if path else 0]  # down to a leaf
+    assert all(in_flight.accept_probs[c] <= in_flight.accept_probs[b] for a, b in zip([-1] + path, path)
+               for c in in_flight.children()[a + 1])  # each the likeliest child
+    in_flight.notes = [("in flight", i) for i in range(len(in_flight))]
+    draft.notes = [("draft", i) for i in range(len(draft))]
+    if len(draft):
+        draft.proposals = {-1: ([t for t in range(6)], [1 / 6] * 6)}
+    tree = _below(in_flight, path, draft)
+    tree.validate(vocab_size=6)
+    chain, below = tree.accept_probs[: len(path)], tree.accept_probs[len(path) :]
+    assert chain == sorted(chain, reverse=True) and all(p <= (chain[-1] if chain else 1.0) for p in below)
+    rest = tree.after([in_flight.tokens[i] for i in path])
+    assert (rest.tokens, rest.parents, rest.notes, rest.proposals) == (draft.tokens, draft.parents, draft.notes,
+                                                                      draft.proposals)
+    assert rest.accept_probs == pytest.approx(draft.accept_probs)
+
+
 def test_a_tree_sent_ahead_is_verified_below_what_the_verdict_before_it_committed(server, reference):
     session = RemoteVerifier(server.target).open(PROMPT, LONG)
     session.send(DraftTree.chain(reference[:3]))  # opens; commits reference[:4] (3 drafts + its own token)
@@ -172,14 +200,15 @@ def test_a_tree_rooted_outside_the_committed_sequence_is_invalid(server):
     assert solo_output(server) == solo_output(server)  # the server serves on
 
 
-def oracle(reference: list[int], depth: int = 24) -> FunctionDrafter:
-    """Drafts the true continuation (then a wrong token where it runs out), acceptance estimates 0.9^d."""
+def oracle(reference: list[int], depth: int = 24, confidence: float = 0.9) -> FunctionDrafter:
+    """Drafts the true continuation (then a wrong token where it runs out), acceptance estimates
+    confidence^d."""
 
     def draft(committed: list[int]) -> DraftTree:
         n = len(committed) - len(PROMPT)
         tokens = reference[n : n + depth] or [(committed[-1] + 1) % V]
-        return DraftTree(tokens, list(range(-1, len(tokens) - 1)), accept_probs=[0.9 ** (i + 1) for i in
-                                                                                  range(len(tokens))])
+        return DraftTree(tokens, list(range(-1, len(tokens) - 1)),
+                         accept_probs=[confidence ** (i + 1) for i in range(len(tokens))])
 
     return FunctionDrafter(draft)
 
@@ -245,3 +274,56 @@ def test_a_verdict_is_learned_from_while_the_next_is_on_its_way(server, referenc
     assert got.token_ids == reference and len(unlearned_at_receive) == got.rounds
     assert not any(unlearned_at_receive)
     assert drafter.model.reached.sum() > 0
+
+
+
+
+def test_a_drafter_that_uses_the_wait_sends_trees_ahead_too_and_uses_only_waits_with_nothing_ahead(server, reference):
+    """A speculating drafter (the model drafter: it drafts ahead during a verdict's wait) pipelines as any other
+    over a long round trip; `speculate` is called only while a single tree is in flight (the generation loop
+    drafts the tree ahead during the others), and the output is unchanged. Without overlap every wait is one.
+    (Trees in flight: those sent less the verdicts observed, both counted on the generation's thread.)"""
+    for overlap in (True, False):
+        drafter, counts, at_speculate = oracle(reference), {"sent": 0, "observed": 0}, []
+        drafter.speculate = lambda stop: at_speculate.append(counts["sent"] - counts["observed"])
+        observe = drafter.observe
+
+        def counted_observe(*args, observe=observe):
+            counts["observed"] += 1
+            return observe(*args)
+
+        drafter.observe = counted_observe
+        with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+            session = through(link.target)
+            send = session.send
+
+            def counted_send(*args, send=send, **kwargs):
+                counts["sent"] += 1
+                return send(*args, **kwargs)
+
+            session.send = counted_send
+            got = generate(session, drafter=drafter, controller=TreeSizeController(max_nodes=8, overlap=overlap))
+        assert got.token_ids == reference
+        assert got.ahead >= 2 if overlap else got.ahead == 0
+        assert at_speculate and set(at_speculate) == {1}
+        assert len(at_speculate) < got.rounds if overlap else len(at_speculate) == got.rounds
+
+
+class BeyondOracle(FunctionDrafter):
+    """`oracle`'s drafts, and drafts beyond a path as if it were committed (as the model drafter makes them)."""
+
+    def propose_after(self, path: list[int]) -> DraftTree:
+        return self.fn(self.committed + path)
+
+
+def test_a_drafter_that_drafts_beyond_a_path_sends_trees_below_the_likeliest_path_in_flight(server, reference):
+    """A tree ahead drafted from the committed end repeats what the tree in flight holds (half the rounds
+    verify nothing of it); a drafter that can draft beyond a path (`propose_after`) drafts below the in-flight
+    tree's likeliest path, so each tree ahead adds what lies beyond that verdict: a confident drafter of 4
+    tokens that is right has every round commit its drafts, trees ahead as well."""
+    drafter = BeyondOracle(oracle(reference, depth=4, confidence=0.99).fn)
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=drafter, controller=TreeSizeController(max_nodes=8, fill=False))
+    assert got.token_ids == reference
+    assert got.ahead >= got.rounds / 2
+    assert sum(a >= 3 for a in got.accepted) >= got.rounds - 3

@@ -137,6 +137,24 @@ def test_the_worth_of_the_verifiers_drafts_follows_what_they_have_committed(comm
     assert (controller.ahead(draft, SLOW, 1000, covered=9) is not None) == goes_ahead
 
 
+def beyond_path(path: list[float], below: float, n: int = 12) -> DraftTree:
+    """The tree in flight's likeliest path (these path probabilities) as a chain, with a draft of n tokens
+    below its end, each accepted with probability `below` given the one before."""
+    probs = path + [path[-1] * below ** (i + 1) for i in range(n)]
+    return DraftTree(list(range(len(probs))), list(range(-1, len(probs) - 1)), accept_probs=probs)
+
+
+def test_a_draft_beyond_the_likeliest_path_in_flight_goes_ahead_when_that_path_is_likely():
+    """A model drafter drafts beyond the in-flight tree's likeliest path, which it sends as a chain with its
+    draft below: the draft's nodes add tokens where the verdict in flight commits that path whole. Waiting is
+    priced on the draft below the path, as one drafted after the verdict would start from about there. A likely
+    path with a confident draft below goes ahead with the draft; an unlikely one waits for the verdict."""
+    far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
+    likely = far.ahead(beyond_path([0.98, 0.96, 0.94, 0.92], 0.9), LINEAR, 1000, covered=4, beyond=True)
+    assert likely is not None and likely > 4 + 6
+    assert far.ahead(beyond_path([0.6, 0.35, 0.2, 0.1], 0.9), LINEAR, 1000, covered=4, beyond=True) is None
+
+
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
     fixed = TreeSizeController(max_nodes=64, overhead_ms=80, fixed=8)
     assert fixed.ahead(chain(0.95), LINEAR, remaining=1000, covered=6) == 6 + 8
