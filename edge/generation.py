@@ -171,16 +171,16 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
     t0 = time.perf_counter()
     (pending,) = in_flight
     left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
-    # Tokens its verdict can commit. (A tree ahead lets the verifier draft where nothing of it is left, and
-    # it leaves one token of the budget over then: cloud/service.py.)
-    filled = controller.fill_tokens if pending.ahead else 0
-    most = max(left.depths()) + 1 if left else 1 + max(0, min(filled, max_new_tokens - len(out) - 2))
-    if len(out) + most >= max_new_tokens:
+    # Tokens its verdict can commit through the nodes left. (A tree ahead lets the verifier draft where nothing
+    # of it is left, and it leaves one token of the budget over then: cloud/service.py.)
+    taken = max(left.depths()) + 1 if left else 1
+    filled = controller.fill_tokens if pending.ahead and not left else 0
+    if len(out) + taken + max(0, min(filled, max_new_tokens - len(out) - 2)) >= max_new_tokens:
         return
-    # The budget left to this tree: after the verdict in flight has taken what its nodes can, or one token
-    # where the verifier drafts for it (its draft is sized by what is left, so counting the most it could
-    # take would price every tree after a bare one as having a token left, and send it bare too)
-    remaining = max_new_tokens - len(out) - (max(left.depths()) + 1 if left else 1)
+    # The budget this tree is priced with leaves out what the verifier may draft for the one in flight: that
+    # draft is sized by what is left (counting the most it could take priced every tree after a bare one as
+    # having a token left, and sent it bare too)
+    remaining = max_new_tokens - len(out) - taken
     propose_after = getattr(drafter, "propose_after", None)
     if propose_after is not None:
         path = _likeliest_path(left)
