@@ -2,15 +2,19 @@
 what is left of such a tree once the verdicts before it are committed, so output stays exactly the
 target's; over a long round trip the edge keeps two trees in flight (when it does is the controller's
 rule, tests/test_tree_size_controller.py); where nothing of a tree ahead is left, the verifier drafts for it
-when asked (it knows the verdict before it, the edge did not), output unchanged; a link that resets
-mid-stream loses nothing, trees in flight included. Tiny model (its greedy output soon repeats itself: what
+when asked (it knows the verdict before it, the edge did not), output unchanged; a drafter that drafts
+beyond the in-flight tree's likeliest path (the model drafter) sends its trees below that path, and sampled
+such trees keep the target distribution; a link that resets mid-stream loses nothing, trees in flight
+included. Tiny model (its greedy output soon repeats itself: what
 the verifier's retrieval drafts need), real gRPC on 127.0.0.1, the network-emulating proxy for the round
 trip."""
 
 from __future__ import annotations
 
 import grpc
+import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_grpc import PROMPT, V, solo_output, tiny_verifier
@@ -327,3 +331,87 @@ def test_a_drafter_that_drafts_beyond_a_path_sends_trees_below_the_likeliest_pat
     assert got.token_ids == reference
     assert got.ahead >= got.rounds / 2
     assert sum(a >= 3 for a in got.accepted) >= got.rounds - 3
+
+
+class SampledChains:
+    """Sampled drafts with their proposal q sent along (as the model drafter's): a chain of one draw from the
+    committed end, of two draws beyond a path. q is fixed, so that the verifier's rejection sampling, not q,
+    decides. `claimed`: the q the tree says its draws came from (the true one unless a test lies)."""
+
+    def __init__(self, q: np.ndarray, seed: int, claimed: np.ndarray | None = None) -> None:
+        self.q, self.rng = q, np.random.default_rng(seed)
+        self.claimed = q if claimed is None else claimed
+
+    def begin(self, prompt_ids, params=None) -> None:
+        pass
+
+    def propose(self, depth: int = 1) -> DraftTree:
+        tokens = [int(t) for t in self.rng.choice(len(self.q), size=depth, p=self.q)]
+        q = (list(range(len(self.q))), self.claimed.tolist())
+        return DraftTree(tokens, list(range(-1, depth - 1)), {p: q for p in range(-1, depth - 1)},
+                         accept_probs=[0.5 ** (i + 1) for i in range(depth)])
+
+    def propose_after(self, path: list[int]) -> DraftTree:
+        return self.propose(depth=2)
+
+    def observe(self, tree, result) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+class AlwaysAhead(TreeSizeController):
+    """Sends every draft whole, and a tree ahead whenever the budget allows: the trees do not depend on
+    timing, so a seeded run gives the same tokens every time."""
+
+    def choose(self, draft, cost, remaining) -> int:
+        return len(draft)
+
+    def ahead(self, draft, cost, remaining, covered, beyond=False) -> int:
+        return len(draft)
+
+
+def third_token_counts(q: np.ndarray, trials: int, claimed: np.ndarray | None = None):
+    """(counts of the third sampled token over seeded trials, its exact probabilities, rounds sent ahead) for
+    a model with len(q) tokens whose third token is decided by a tree sent ahead where that tree is left."""
+    from tiny_models import tiny_llama
+
+    from specedge.cloud.config import ServerConfig
+    from specedge.cloud.launch import EmbeddedVerifier
+
+    hf = tiny_llama(vocab_size=len(q), seed=1)
+    hf.generation_config.eos_token_id = None
+    prompt = [2, 3, 1, 0, 2]
+    config = ServerConfig(model="tiny", port=0, kv_pool_mb=8, max_tree_tokens=32, max_new_tokens=64, gather_ms=1.0)
+    counts, ahead = np.zeros(len(q)), 0
+    with EmbeddedVerifier(config, (hf, None)) as server:
+        for seed in range(trials):
+            params = SamplingParams(max_new_tokens=8, temperature=1.0, seed=seed)
+            session = ResumableSession(lambda: RemoteVerifier(server.target), prompt, params, "c", "")
+            got = generate(session, drafter=SampledChains(q, seed, claimed), controller=AlwaysAhead(fill=False))
+            counts[got.token_ids[2]] += 1
+            ahead += got.ahead
+    v, n = len(q), len(prompt)
+    sequences = torch.tensor([prompt + [a, b] for a in range(v) for b in range(v)])
+    with torch.inference_mode():
+        p = torch.softmax(hf(sequences).logits.double(), dim=-1)
+    first, second, third = p[0, n - 1], p[::v, n], p[:, n + 1].reshape(v, v, v)  # x1; x2 given x1; x3 given both
+    return counts, torch.einsum("a,ab,abc->c", first, second, third).numpy(), ahead
+
+
+def test_sampled_drafts_sent_ahead_beyond_a_path_keep_the_target_distribution():
+    """The third token of each generation here is decided by a tree sent ahead where that tree is still
+    standing (the first verdict took a one-token draft and its bonus token matched the first of the two
+    draws below the path), by plain sampling otherwise; drafts come from q with q sent along. Over seeded
+    runs (the seeds are fixed: the same tokens every run; p = 0.0066 for these 400, 0.57 for 1,600), its
+    frequencies match the target's exact distribution; and a drafter that misstates q is caught by the same
+    check (p ~ 1e-9), so the check can see a bias."""
+    from scipy.stats import chisquare
+
+    q = np.array([0.85, 0.05, 0.05, 0.05])
+    counts, exact, ahead = third_token_counts(q, trials=400)
+    assert ahead >= 400  # trees went ahead in every generation
+    assert chisquare(counts, exact * counts.sum()).pvalue > 1e-3, (counts, exact)
+    lying, _, _ = third_token_counts(q, trials=400, claimed=np.full(4, 0.25))
+    assert chisquare(lying, exact * lying.sum()).pvalue < 1e-3, (lying, exact)
