@@ -38,7 +38,9 @@ def hints_wanted(drafter: Drafter | None) -> int:
 class SpeculatingDrafter(Drafter, Protocol):
     def speculate(self, stop: Callable[[], bool]) -> None:
         """Called while the last tree sent is being verified and no other is in flight: use the wait (e.g.
-        draft ahead) until `stop()` turns true, which it does when the verdict is in."""
+        draft ahead) until `stop()` turns true, which it does when the verdict is in. A drafter that drafts
+        beyond a path (`propose_after`) is called while a tree ahead is in flight too, with `then=` that
+        tree's likeliest path (target ids): its next draft starts beyond it (edge/generation.py)."""
 
 
 class LearningDrafter(Drafter, Protocol):

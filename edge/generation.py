@@ -78,6 +78,7 @@ def generate(
     # A drafter that learns from a verdict apart from committing it (RetrievalDrafter.learn) does so while the
     # next verdict is on its way, where the session can send without waiting.
     learn = getattr(drafter, "learn", None)
+    propose_after = getattr(drafter, "propose_after", None)  # it drafts beyond a path (see _send_ahead)
     in_flight: deque[_Sent] = deque()
     try:
         while len(out) < params.max_new_tokens:
@@ -99,6 +100,12 @@ def generate(
                 if speculate is not None and not in_flight:  # no tree ahead of it: the drafter uses the wait
                     verdict = waiting.submit(session.receive)
                     speculate(verdict.done)
+                    step = verdict.result()
+                elif speculate is not None and propose_after is not None:
+                    # A tree ahead is in flight: the next draft starts beyond its likeliest path, read on from there
+                    ahead_of = in_flight[0].tree.after(out[in_flight[0].root :])
+                    verdict = waiting.submit(session.receive)
+                    speculate(verdict.done, then=[ahead_of.tokens[i] for i in _likeliest_path(ahead_of)])
                     step = verdict.result()
                 else:
                     step = session.receive()

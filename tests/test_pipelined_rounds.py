@@ -333,6 +333,35 @@ def test_a_drafter_that_drafts_beyond_a_path_sends_trees_below_the_likeliest_pat
     assert sum(a >= 3 for a in got.accepted) >= got.rounds - 3
 
 
+def test_while_a_tree_ahead_is_in_flight_a_drafter_beyond_paths_reads_on_past_its_likeliest_path(server, reference):
+    """A drafter that drafts beyond a path gets the waits with a tree ahead in flight too, told that tree's
+    likeliest path: its next draft will start beyond it (the model drafter computes those logits meanwhile)."""
+    drafter = BeyondOracle(oracle(reference, depth=4, confidence=0.99).fn)
+    sent, observed, calls = [], [0], []
+    drafter.speculate = lambda stop, then=(): calls.append((len(sent) - observed[0], list(then), sent[-1].tokens))
+    observe = drafter.observe
+
+    def counted_observe(*args):
+        observed[0] += 1
+        return observe(*args)
+
+    drafter.observe = counted_observe
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        session = through(link.target)
+        send = session.send
+
+        def recorded_send(tree, *args, **kwargs):
+            sent.append(tree)
+            return send(tree, *args, **kwargs)
+
+        session.send = recorded_send
+        got = generate(session, drafter=drafter, controller=TreeSizeController(max_nodes=8, fill=False))
+    assert got.token_ids == reference
+    with_ahead = [(then, last) for in_flight, then, last in calls if in_flight == 2]
+    assert len(with_ahead) >= got.ahead / 2
+    assert all(then == last for then, last in with_ahead)  # (the trees are chains: the whole tree is the path)
+
+
 class SampledChains:
     """Sampled drafts with their proposal q sent along (as the model drafter's): a chain of one draw from the
     committed end, of two draws beyond a path. q is fixed, so that the verifier's rejection sampling, not q,
