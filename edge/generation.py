@@ -97,15 +97,13 @@ def generate(
             if ahead:
                 if learn is not None:
                     learn()
-                if speculate is not None and not in_flight:  # no tree ahead of it: the drafter uses the wait
+                if speculate is not None and (not in_flight or propose_after is not None):  # the drafter uses the wait
                     verdict = waiting.submit(session.receive)
-                    speculate(verdict.done)
-                    step = verdict.result()
-                elif speculate is not None and propose_after is not None:
-                    # A tree ahead is in flight: the next draft starts beyond its likeliest path, read on from there
-                    ahead_of = in_flight[0].tree.after(out[in_flight[0].root :])
-                    verdict = waiting.submit(session.receive)
-                    speculate(verdict.done, then=[ahead_of.tokens[i] for i in _likeliest_path(ahead_of)])
+                    if in_flight:  # a tree ahead: the next draft starts beyond its likeliest path, read on from there
+                        ahead_of = in_flight[0].tree.after(out[in_flight[0].root :])
+                        speculate(verdict.done, then=[ahead_of.tokens[i] for i in _likeliest_path(ahead_of)])
+                    else:
+                        speculate(verdict.done)
                     step = verdict.result()
                 else:
                     step = session.receive()
