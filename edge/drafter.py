@@ -11,9 +11,10 @@ from specedge.common.session import StepResult
 
 
 class Drafter(Protocol):
-    # Optional attributes: `hints_top_k` (hints_wanted, below); `sends_ahead = False`: this drafter's trees
-    # never go out ahead of the verdict in flight (edge/generation.py), as where it prices its rounds as
-    # serial ones.
+    # Optional: `hints_top_k` (hints_wanted, below); `propose_after(path)`: a draft hanging below `path`
+    # (target ids) as if it were committed, to send ahead of a verdict that most likely commits it
+    # (edge/generation.py). The generation may not send it (the controller holds it back); `propose` is
+    # called only with nothing in flight.
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         """A new generation starts from these prompt tokens, sampled with `params` (None: greedy)."""

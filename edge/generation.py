@@ -71,10 +71,8 @@ def generate(
     # A drafter that can use the verifier's time gets it: the step runs in a thread meanwhile.
     speculate = getattr(drafter, "speculate", None)
     waiting = ThreadPoolExecutor(1, thread_name_prefix="verdict") if speculate is not None else None
-    # Trees that may go out ahead of a verdict: a session that can send without waiting, a drafter that does
-    # not say otherwise (its `sends_ahead`).
-    ahead = (hasattr(session, "send") and drafter is not None and controller is not None
-             and getattr(drafter, "sends_ahead", True))
+    # Trees that may go out ahead of a verdict: a session that can send without waiting.
+    ahead = hasattr(session, "send") and drafter is not None and controller is not None
     # A drafter that learns from a verdict apart from committing it (RetrievalDrafter.learn) does so while the
     # next verdict is on its way, where the session can send without waiting.
     learn = getattr(drafter, "learn", None)
@@ -222,8 +220,8 @@ def _below(tree: DraftTree, path: list[int], draft: DraftTree) -> DraftTree:
     if tree.accept_probs is not None and draft.accept_probs is not None:
         accept_probs = [tree.accept_probs[i] for i in path] + [reach * p for p in draft.accept_probs]
     notes = None
-    if tree.notes is not None and draft.notes is not None:
-        notes = [tree.notes[i] for i in path] + list(draft.notes)
+    if draft.notes is not None:  # (the chain's own go with it where it has them: its verdict comes before)
+        notes = [tree.notes[i] if tree.notes is not None else None for i in path] + list(draft.notes)
     proposals = {parent + n if parent >= 0 else n - 1: q for parent, q in (draft.proposals or {}).items()}
     return DraftTree([tree.tokens[i] for i in path] + draft.tokens,
                      list(range(-1, n - 1)) + [p + n if p >= 0 else n - 1 for p in draft.parents],

@@ -57,8 +57,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -76,6 +77,21 @@ class _Merged:
     estimate: float
     where: dict[int, int] = field(default_factory=dict)  # source number -> node index in that source's draft
     retrieval_below: bool = False  # the retrieval draft has children under this node
+
+
+@dataclass
+class _Round:
+    """One tree, from its drafting to its verdict (over a long round trip a tree goes out ahead of another's)."""
+
+    drafts: tuple[DraftTree, DraftTree]  # retrieval's and the model's, hanging where the tree does
+    merged: list[_Merged] | None  # the tree's nodes (its notes); None: retrieval's tree went as it is
+    path: list[int]  # target ids it hangs below: the likeliest path of the tree in flight it went ahead of
+    bucket: int
+    mode: str  # what the model does in this round: DRAFT, READ or REST
+    sent_at: float
+    model_read: bool  # the model read (or drafted) during its pass
+    retrieval_at_root: bool = False  # retrieval's draft has children at the root
+    since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
 
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
@@ -96,13 +112,12 @@ DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
 
 class HybridDrafter:
-    sends_ahead = False  # its round times (R, R_m, D, B above) are of serial rounds
-
     def __init__(self, retrieval: RetrievalDrafter, model: ModelDrafter, max_nodes: int) -> None:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
-        self._drafts: tuple[DraftTree, ...] = ()
-        self._merged: list[_Merged] | None = []  # None: this round sent retrieval's tree as it is
+        self._pending: deque[_Round] = deque()  # drafted, verdict not yet observed, oldest first
+        self._last: _Round | None = None  # the round drafted last
+        self._verdict_at = 0.0  # when the last verdict was observed
         # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
         # all of them together (ALL)
         rows = 2 * BUCKETS + 1
@@ -117,9 +132,7 @@ class HybridDrafter:
         self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
-        self._bucket, self._first_round, self._sent_at = 0, True, 0.0
-        self._mode = READ  # this round's DRAFT, READ or REST
-        self._model_read = False  # the model read (or drafted) during this round's pass
+        self._first_round = True
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
         self._model_rounds = 0  # rounds the model drafted in
 
@@ -128,23 +141,23 @@ class HybridDrafter:
         """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
         return self.sources[0].hints_top_k
 
-    def _model_round(self, expected: float, behind_ms: float) -> str:
+    def _model_round(self, expected: float, behind_ms: float) -> tuple[str, int]:
         """What the model does this round: DRAFT, READ (it does not draft, but reads during the pass what it
-        would have to read before a draft) or REST. `behind_ms`: what the model would read before it could
-        draft now (ModelDrafter.behind_ms)."""
+        would have to read before a draft) or REST; and the round's bucket. `behind_ms`: what the model would
+        read before it could draft now (ModelDrafter.behind_ms)."""
         self._round += 1
-        mode, pays = self._wanted_for(expected, behind_ms)
+        b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
+        b = b + BUCKETS if self._led and self.split_after_led else b
+        mode, pays = self._wanted_for(b, expected, behind_ms)
         if pays:
             self._paid_round = self._round
         elif mode == REST and self._paid_round is not None and self._round - self._paid_round <= WANTED_LATELY:
             mode = READ
-        return mode
+        return mode, b
 
-    def _wanted_for(self, expected: float, behind_ms: float) -> tuple[str, bool]:
-        """DRAFT, READ or REST by this round's figures alone, and whether the model pays here (had it read
-        everything committed but the verdict's bonus token)."""
-        b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
-        b = self._bucket = b + BUCKETS if self._led and self.split_after_led else b
+    def _wanted_for(self, b: int, expected: float, behind_ms: float) -> tuple[str, bool]:
+        """DRAFT, READ or REST by this round's figures alone (`b`: its bucket), and whether the model pays here
+        (had it read everything committed but the verdict's bonus token)."""
         if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(self._round_ms[ALL, 1]):
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
         if np.isnan(self._round_ms[ALL, 0]):
@@ -219,48 +232,61 @@ class HybridDrafter:
         slowed, pairs = self._reading_pairs
         return max(0.0, slowed / pairs) if pairs else READING_SLOWS_PRIOR
 
-    def _time_quiet_round(self, size: int, ms: float) -> float:
+    def _time_quiet_round(self, size: int, ms: float, model_read: bool) -> float:
         """Pair a round the model did not draft in with the last one (see _slowed_by_reading); -> the round's
         time had the model rested (R is what retrieval alone would take)."""
         size = int(np.searchsorted(SIZE_EDGES, size, side="right"))
-        last, self._last_quiet = self._last_quiet, (size, self._model_read, ms)
-        if last is not None and last[0] == size and last[1] != self._model_read:
-            read, rested = (ms, last[2]) if self._model_read else (last[2], ms)
+        last, self._last_quiet = self._last_quiet, (size, model_read, ms)
+        if last is not None and last[0] == size and last[1] != model_read:
+            read, rested = (ms, last[2]) if model_read else (last[2], ms)
             self._reading_pairs = FORGET_PAIRS * self._reading_pairs + (read / rested - 1.0, 1.0)
         # (by the measured slowdown only: the prior, taken for granted, would make a model that pays where
         # edge and verifier are apart, and so rarely rests, look worse than it is for ever)
-        return ms / (1.0 + self._slowed_by_reading()) if self._model_read and self._reading_pairs[1] else ms
+        return ms / (1.0 + self._slowed_by_reading()) if model_read and self._reading_pairs[1] else ms
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._first_round, self._last_quiet, self._led = True, None, False
+        self._pending.clear()
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
         # Once measured, a model reads the prompt only from the first round it drafts or reads in.
         model.begin(prompt_ids, params, read=self.model_ms is None)
 
     def propose(self) -> DraftTree:
+        # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the
+        # controller held back was never sent, and its verdict will not come.
+        self._pending.clear()
+        return self._draft([])
+
+    def propose_after(self, path: list[int]) -> DraftTree:
+        """A tree hanging below `path` (target ids), to send ahead of a verdict that most likely commits it
+        (edge/generation.py): retrieval's part is what its draft holds beyond the path, the model drafts
+        beyond it (ModelDrafter.propose_after). The round is timed from the verdict before it."""
+        return self._draft(list(path))
+
+    def _draft(self, path: list[int]) -> DraftTree:
         retrieval, model = self.sources
-        retrieved = retrieval.propose()
+        retrieved = retrieval.propose().after(path)
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
-        self._mode = self._model_round(expected, behind_ms)
-        self._model_read = self._mode != REST or model.reading  # speculate() may start it reading
-        if self._mode == DRAFT:
+        mode, bucket = self._model_round(expected, behind_ms)
+        if mode == DRAFT:
             start = time.perf_counter()
-            drafted = model.propose(alongside=expected)
+            drafted = model.propose_after(path, alongside=expected) if path else model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
                 ms = (time.perf_counter() - start) * 1e3 - behind_ms
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
-        self._drafts = (retrieved, drafted)
-        self._sent_at = time.perf_counter()
-        if self._mode == REST and len(retrieved) <= self.max_nodes:
-            self._merged = None  # retrieval's tree goes as it is (observe passes its verdict straight on)
-            return retrieved
+        # (speculate() may start the model reading)
+        rnd = _Round((retrieved, drafted), None, path, bucket, mode, time.perf_counter(),
+                     model_read=mode != REST or model.reading)
+        self._pending.append(rnd)
+        self._last = rnd
+        if mode == REST and len(retrieved) <= self.max_nodes:
+            return retrieved  # retrieval's tree goes as it is (observe passes its verdict straight on)
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
-        self._retrieval_at_root = False
-        for number, draft in enumerate(self._drafts):
+        for number, draft in enumerate(rnd.drafts):
             probs = draft.accept_probs or [0.0] * len(draft)
             mine: list[int] = []  # this source's node -> merged index
             for i, (token, parent) in enumerate(zip(draft.tokens, draft.parents)):
@@ -275,110 +301,139 @@ class HybridDrafter:
                 nodes[index[key]].where[number] = i
                 if number == 0:
                     if key[0] < 0:
-                        self._retrieval_at_root = True
+                        rnd.retrieval_at_root = True
                     else:
                         nodes[key[0]].retrieval_below = True
         order = sorted(range(len(nodes)), key=lambda i: (-nodes[i].estimate, i))
         order = _parents_first(order, nodes)[: self.max_nodes]
         new = {old: k for k, old in enumerate(order)}
-        self._merged = [nodes[i] for i in order]
-        for node in self._merged:
+        rnd.merged = [nodes[i] for i in order]
+        for node in rnd.merged:
             node.parent = new.get(node.parent, -1) if node.parent >= 0 else -1
-        tree = DraftTree([n.token for n in self._merged], [n.parent for n in self._merged],
-                         accept_probs=[n.estimate for n in self._merged])
-        tree.proposals = self._proposals(tree) or None
+        # Each node's note is its merged node: a verdict on what is left of a tree sent ahead (DraftTree.after)
+        # is traced back to the sources' nodes by it.
+        tree = DraftTree([n.token for n in rnd.merged], [n.parent for n in rnd.merged],
+                         accept_probs=[n.estimate for n in rnd.merged], notes=list(rnd.merged))
+        tree.proposals = self._proposals(tree, rnd) or None
         return tree
 
-    def _proposals(self, tree: DraftTree) -> dict[int, tuple[list[int], list[float]]]:
+    def _proposals(self, tree: DraftTree, rnd: _Round) -> dict[int, tuple[list[int], list[float]]]:
         """The model's proposals for the merged nodes whose children are the model's first draws there."""
-        model_draft = self._drafts[1]
+        model_draft = rnd.drafts[1]
         if not model_draft.proposals:
             return {}
         model_children = model_draft.children()
         out = {}
         for parent, kids in enumerate(tree.children(), start=-1):
-            source_parent = -1 if parent < 0 else self._merged[parent].where.get(1)
+            source_parent = -1 if parent < 0 else rnd.merged[parent].where.get(1)
             if not kids or source_parent is None or source_parent not in model_draft.proposals:
                 continue
-            if (self._retrieval_at_root if parent < 0 else self._merged[parent].retrieval_below):
+            if (rnd.retrieval_at_root if parent < 0 else rnd.merged[parent].retrieval_below):
                 continue
-            drawn = [self._merged[k].where.get(1) for k in kids]
+            drawn = [rnd.merged[k].where.get(1) for k in kids]
             if drawn == model_children[source_parent + 1][: len(drawn)]:
                 out[parent] = model_draft.proposals[source_parent]
         return out
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
+        """`tree`: what the verifier verified of the oldest round's tree (for a tree sent ahead, what was left of
+        it once the verdict before it was committed)."""
+        rnd = self._pending.popleft()
+        for later in self._pending:
+            later.since += result.tokens
+        now, verdict_before = time.perf_counter(), self._verdict_at
+        self._verdict_at = now
+        retrieval, model = self.sources
+        beyond = rnd.since[len(rnd.path) :]
+        if rnd.since[: len(rnd.path)] != rnd.path:  # the verdict before did not commit the path: nothing was left
+            for source in self.sources:
+                source.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
+            self._led = False
+            return
         sent = len(tree)
-        accepted_merged = result.accepted
         # The model's round once it drafted, its nodes sent or not (the drafting time was spent either way)
-        b, drafted = self._bucket, len(self._drafts[1]) > 0
+        drafted = len(rnd.drafts[1]) > 0
         if drafted:  # what did the model's nodes add?
             self._model_rounds += 1
-            by_retrieval = next((i for i, k in enumerate(accepted_merged) if 0 not in self._merged[k].where),
-                                len(accepted_merged))
-            gain = len(accepted_merged) - by_retrieval
-            self._learn_gain(b, gain)
+            by_retrieval = next((i for i, k in enumerate(result.accepted) if 0 not in tree.notes[k].where),
+                                len(result.accepted))
+            gain = len(result.accepted) - by_retrieval
+            self._learn_gain(rnd.bucket, gain)
             # The model led: it added tokens and the verdict ended where the tree did, not at a rejection.
             # Retrieval's estimate says little of what the model adds after such a round (a repeated
             # structure: the model drafts a dozen tokens, all accepted, and retrieval's long match that
             # follows commits two), so those rounds keep figures of their own.
-            self._led = gain > 0 and not any(n.parent == accepted_merged[-1] for n in self._merged[:sent])
+            self._led = gain > 0 and result.accepted[-1] not in tree.parents
         else:
             self._led = False
         if not self._first_round:  # its pass reads the prompt: not a typical round
-            ms = (time.perf_counter() - self._sent_at) * 1e3
+            # From sending the tree, or, for a tree sent ahead, from the verdict before (its pass follows that)
+            ms = (now - max(rnd.sent_at, verdict_before)) * 1e3
             if not drafted:
-                ms = self._time_quiet_round(sent, ms)
-            for row in (b, ALL):
+                ms = self._time_quiet_round(sent, ms, rnd.model_read)
+            for row in (rnd.bucket, ALL):
                 self._round_ms[row, int(drafted)] = moving_average(self._round_ms[row, int(drafted)], ms)
         self._first_round = False
-        if result.hints is not None:  # rows for the merged tree's nodes, the model's included
-            self.sources[0].learn_hints(tree, result.hints)
-        if self._merged is None:  # a resting round: the tree was retrieval's own
-            retrieval, model = self.sources
+        if rnd.merged is None:  # a resting round: the tree was retrieval's own
             retrieval.observe(tree, result)
-            model.observe(DraftTree.empty(), StepResult(result.tokens, [], result.compute_ms, result.queue_ms,
-                                                        result.rtt_ms, result.next_max_tree_tokens))
+            model.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
             return
-        for number, (source, draft) in enumerate(zip(self.sources, self._drafts)):
-            # The longest prefix of this source's draft that was sent whole.
-            merged_of = {i: k for k, n in enumerate(self._merged[:sent]) for s, i in n.where.items() if s == number}
-            n = next((i for i in range(len(draft)) if i not in merged_of), len(draft))
-            mine = {k: i for i, k in merged_of.items() if i < n}
+        if result.hints is not None:  # rows for the merged tree's nodes, the model's included
+            retrieval.learn_hints(tree, result.hints)
+        for number, (source, whole) in enumerate(zip(self.sources, rnd.drafts)):
+            draft = whole.after(beyond)  # what is left of this source's draft, as of the tree
+            origin = _origins(whole, beyond)  # each of its nodes' index in `whole`
+            sent_here = {n.where[number] for n in tree.notes or () if number in n.where}
+            n = next((i for i, o in enumerate(origin) if o not in sent_here), len(origin))  # sent whole
+            mine = {origin[i]: i for i in range(n)}
             accepted = []
-            for k in accepted_merged:
-                if k not in mine:
+            for k in result.accepted:
+                if tree.notes[k].where.get(number) not in mine:
                     break
-                accepted.append(mine[k])
-            source.observe(draft.prefix(n), StepResult(result.tokens, accepted, result.compute_ms, result.queue_ms,
-                                                       result.rtt_ms, result.next_max_tree_tokens))
+                accepted.append(mine[tree.notes[k].where[number]])
+            source.observe(draft.prefix(n), replace(result, accepted=accepted, hints=None))
 
     def end(self) -> None:
         for source in self.sources:
             source.end()
 
-    def speculate(self, stop: Callable[[], bool]) -> None:
+    def speculate(self, stop: Callable[[], bool], then: list[int] = ()) -> None:
+        """`then`: over a long round trip, the likeliest path of the tree ahead in flight (target ids), where
+        the next draft starts (edge/generation.py)."""
         # Retrieval has nothing to compute ahead, only the last verdict to learn from. The model reads ahead
         # what the verdict most likely commits (retrieval's verdicts run to tens of tokens), so that a round it
         # drafts does not begin by reading it; when it is not drafting it does only that (and reads what was
         # committed since it last ran), and a resting model nothing.
         self.sources[0].learn()  # what retrieval learns from the last verdict (RetrievalDrafter.learn)
-        drafting = bool(self._drafts and len(self._drafts[1]))
+        last = self._last
+        if last is None:
+            return
+        drafting = len(last.drafts[1]) > 0
         model = self.sources[1]
-        if drafting or self._mode != REST:
-            model.speculate(stop, SPECULATION_STEPS if drafting else 1, self._likely_verdict())
-        self._model_read = self._mode != REST or model.reading
+        if drafting or last.mode != REST:
+            model.speculate(stop, SPECULATION_STEPS if drafting else 1, list(then) or self._likely_verdict())
+        if self._pending:
+            awaited = self._pending[0]
+            awaited.model_read = awaited.mode != REST or model.reading
 
     def _likely_verdict(self) -> list[int]:
-        """The tokens of the merged tree's likeliest path, as far as it is more likely accepted than not."""
+        """The tokens of the last merged tree's likeliest path, as far as it is more likely accepted than not
+        (none for a tree sent below a path: the generation loop gives that path, `then`)."""
+        merged = self._last.merged if self._last is not None and not self._last.path else None
         path, parent = [], -1
-        while True:
-            best = max((k for k, n in enumerate(self._merged) if n.parent == parent), default=None,
-                       key=lambda k: self._merged[k].estimate)
-            if best is None or self._merged[best].estimate < LIKELY:
-                return path
-            path.append(self._merged[best].token)
+        while merged:
+            best = max((k for k, n in enumerate(merged) if n.parent == parent), default=None,
+                       key=lambda k: merged[k].estimate)
+            if best is None or merged[best].estimate < LIKELY:
+                break
+            path.append(merged[best].token)
             parent = best
+        return path
+
+
+def _origins(tree: DraftTree, committed: list[int]) -> list[int]:
+    """For each node of `tree.after(committed)`, its index in `tree`."""
+    return DraftTree(tree.tokens, tree.parents, notes=list(range(len(tree)))).after(committed).notes or []
 
 
 def _parents_first(order: list[int], nodes: list[_Merged]) -> list[int]:

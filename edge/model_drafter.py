@@ -172,16 +172,16 @@ class ModelDrafter:
             nodes, proposals = self._sampled()
         return self._best_first(nodes, proposals)
 
-    def propose_after(self, path: list[int]) -> DraftTree:
+    def propose_after(self, path: list[int], alongside: float = 0.0) -> DraftTree:
         """A draft hanging off `path` (target ids) as if it were committed next: over a long round trip, the
         tree to send ahead of a verdict that most likely commits `path` (edge/generation.py). The model
         drafts as deep beyond it as from the committed end; what it read of `path` stays cached."""
         context = self.context
         if not path or not context:
-            return self.propose()
+            return self.propose(alongside)
         self._context = self.bridge.preview(path)
         try:
-            return self.propose()
+            return self.propose(alongside)
         finally:
             self._context = context
 

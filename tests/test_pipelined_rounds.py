@@ -444,3 +444,74 @@ def test_sampled_drafts_sent_ahead_beyond_a_path_keep_the_target_distribution():
     assert chisquare(counts, exact * counts.sum()).pvalue > 1e-3, (counts, exact)
     lying, _, _ = third_token_counts(q, trials=400, claimed=np.full(4, 0.25))
     assert chisquare(lying, exact * lying.sum()).pvalue < 1e-3, (lying, exact)
+
+
+class TrueContinuation:
+    """A hybrid's source (tests/test_hybrid.py has scripted ones): drafts `depth` tokens of the reference
+    continuation of what it was told is committed (beyond `path` for a tree ahead), then `wrong` tokens that
+    are not, estimates `confidence`^d; records every verdict it is told of."""
+
+    reading, token_ms, hints_top_k = False, None, 0
+
+    def __init__(self, reference: list[int], depth: int, wrong: int = 0, confidence: float = 0.9) -> None:
+        self.reference, self.depth, self.wrong, self.confidence = reference, depth, wrong, confidence
+        self.committed: list[int] = []
+        self.told: list[tuple[DraftTree, object]] = []
+
+    def begin(self, prompt_ids, params=None, read: bool = True) -> None:
+        self.committed = []
+
+    def propose(self, alongside: float = 0.0) -> DraftTree:
+        return self.propose_after([])
+
+    def propose_after(self, path: list[int], alongside: float = 0.0) -> DraftTree:
+        n = len(self.committed) + len(path)
+        tokens = self.reference[n : n + self.depth]
+        tokens += [(t + 1) % V for t in self.reference[n + len(tokens) : n + len(tokens) + self.wrong]]
+        return DraftTree(tokens, list(range(-1, len(tokens) - 1)),
+                         accept_probs=[self.confidence ** (i + 1) for i in range(len(tokens))])
+
+    def observe(self, tree: DraftTree, result) -> None:
+        self.told.append((tree, result))
+        self.committed += result.tokens
+
+    def speculate(self, stop, steps: int = 0, then=()) -> None:
+        pass
+
+    def behind_ms(self) -> float:
+        return 0.0
+
+    def learn(self) -> None:
+        pass
+
+    def learn_hints(self, tree, hints) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+def test_the_hybrid_sends_trees_ahead_and_each_source_learns_from_its_own_nodes(server, reference):
+    """The hybrid over a long round trip: retrieval drafts 2 true tokens and a wrong one, the model 5 true ones,
+    each beyond the likeliest path of the tree in flight for a tree ahead. Trees go ahead, the model's nodes
+    are committed in them, the output is the target's; and each verdict reaches each source on the nodes of
+    its own draft that were verified (what was left of it once the verdict before was committed): its
+    accepted nodes spell the committed tokens, and every source is told every committed token once, in order."""
+    from specedge.edge.hybrid import HybridDrafter
+
+    retrieval = TrueContinuation(reference, depth=2, wrong=1)
+    model = TrueContinuation(reference, depth=5, confidence=0.95)
+    drafter = HybridDrafter(retrieval, model, max_nodes=8)
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=drafter, controller=TreeSizeController(max_nodes=8, fill=False))
+    assert got.token_ids == reference
+    assert got.ahead >= got.rounds / 2
+    for source in (retrieval, model):
+        # (the last verdict may run past the token budget: the generation cuts it, its drafter hears it whole)
+        assert len(source.told) == got.rounds and source.committed[: len(reference)] == reference
+        for tree, result in source.told:
+            assert all(tree.parents[a] == (accepted[-1] if accepted else -1)
+                       for a, accepted in ((a, result.accepted[:i]) for i, a in enumerate(result.accepted)))
+            assert [tree.tokens[a] for a in result.accepted] == result.tokens[: len(result.accepted)]
+    # The model's own tokens beyond retrieval's two (and wrong third) were committed, in trees ahead too
+    assert sum(len(result.accepted) >= 3 for _, result in model.told) >= got.rounds / 2
