@@ -85,7 +85,8 @@ class _Round:
 
     drafts: tuple[DraftTree, DraftTree]  # retrieval's and the model's, hanging where the tree does
     merged: list[_Merged] | None  # the tree's nodes (its notes); None: retrieval's tree went as it is
-    path: list[int]  # target ids it hangs below: the likeliest path of the tree in flight it went ahead of
+    ahead: bool  # drafted while another tree was in flight, to go out ahead of its verdict
+    path: list[int]  # target ids it hangs below then: the likeliest path of the tree in flight
     bucket: int
     mode: str  # what the model does in this round: DRAFT, READ or REST
     sent_at: float
@@ -127,6 +128,7 @@ class HybridDrafter:
         # Per bucket (no ALL row: the level is that): decayed sums of G, of the level at the time, of the rounds
         self._shape = np.zeros((rows - 1, 3))
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
+        self._ahead_ms = np.full((rows, 2), np.nan)  # the same for trees sent ahead, from the verdict before
         # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
         self._last_quiet: tuple[int, bool, float] | None = None
         self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
@@ -141,44 +143,50 @@ class HybridDrafter:
         """The verifier's hints feed retrieval's recycling table (edge/recycling.py)."""
         return self.sources[0].hints_top_k
 
-    def _model_round(self, expected: float, behind_ms: float) -> tuple[str, int]:
+    def _model_round(self, expected: float, behind_ms: float, ahead: bool) -> tuple[str, int]:
         """What the model does this round: DRAFT, READ (it does not draft, but reads during the pass what it
         would have to read before a draft) or REST; and the round's bucket. `behind_ms`: what the model would
-        read before it could draft now (ModelDrafter.behind_ms)."""
+        read before it could draft now (ModelDrafter.behind_ms). `ahead`: the tree goes ahead of another."""
         self._round += 1
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
-        mode, pays = self._wanted_for(b, expected, behind_ms)
+        mode, pays = self._wanted_for(b, expected, behind_ms, ahead)
         if pays:
             self._paid_round = self._round
         elif mode == REST and self._paid_round is not None and self._round - self._paid_round <= WANTED_LATELY:
             mode = READ
         return mode, b
 
-    def _wanted_for(self, b: int, expected: float, behind_ms: float) -> tuple[str, bool]:
+    def _wanted_for(self, b: int, expected: float, behind_ms: float, ahead: bool) -> tuple[str, bool]:
         """DRAFT, READ or REST by this round's figures alone (`b`: its bucket), and whether the model pays here
         (had it read everything committed but the verdict's bonus token)."""
-        if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(self._round_ms[ALL, 1]):
+        times = self._ahead_ms if ahead else self._round_ms
+        if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(times[ALL, 1]):
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
-        if np.isnan(self._round_ms[ALL, 0]):
+        if np.isnan(times[ALL, 0]):
             return READ, False  # a round without the model, which times R
         # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
         # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
         # time grows with what it commits), which says nothing of them.
-        without, with_model = self._round_ms[b]
+        without, with_model = times[b]
         if np.isnan(without):
-            without = self._round_ms[ALL, 0]
+            without = times[ALL, 0]
         if np.isnan(with_model):
-            with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
+            with_model = without + times[ALL, 1] - times[ALL, 0]
         with_model = max(with_model, without)
         gain = self._gain_in(b)
+        # A tree ahead is drafted while another is in flight: the model's drafting and reading delay the
+        # verdicts only as far as the round times with it show (over a long round trip, hardly at all).
+        drafting, forward = (0.0, 0.0) if ahead else (self.model_ms, self.sources[1].token_ms or 0.0)
+        if ahead and math.isfinite(behind_ms):
+            behind_ms = 0.0
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
-        loss = with_model + self.model_ms - without * (1 + expected + gain) / (1 + expected)
+        loss = with_model + drafting - without * (1 + expected + gain) / (1 + expected)
         # Reading during this pass leaves the next round at least one forward to read before it drafts: the
         # verdict's bonus token, unknown until then. So the model pays (and reads towards drafting) only where
         # it does with that forward to pay: otherwise its rounds would read beside every pass and never draft.
-        pays = loss + (self.sources[1].token_ms or 0.0) < 0
+        pays = loss + forward < 0
         if loss + behind_ms < 0:
             return DRAFT, pays
         if not self._shape[b, 2] and behind_ms <= self.model_ms:
@@ -196,7 +204,7 @@ class HybridDrafter:
         # bonus token to read: sooner, the model would read beside pass after pass, each time one forward short.
         slowed = self._slowed_by_reading()
         reading = slowed * behind_ms if slowed else 0.0  # (behind_ms is infinite while it reads a backlog)
-        if self._explore_ms[b] >= loss + (self.sources[1].token_ms or 0.0) + reading:
+        if self._explore_ms[b] >= loss + forward + reading:
             self._explore_ms[b] -= reading
             return READ, pays
         return REST, pays
@@ -256,21 +264,21 @@ class HybridDrafter:
         # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the
         # controller held back was never sent, and its verdict will not come.
         self._pending.clear()
-        return self._draft([])
+        return self._draft([], ahead=False)
 
     def propose_after(self, path: list[int]) -> DraftTree:
         """A tree hanging below `path` (target ids), to send ahead of a verdict that most likely commits it
         (edge/generation.py): retrieval's part is what its draft holds beyond the path, the model drafts
         beyond it (ModelDrafter.propose_after). The round is timed from the verdict before it."""
-        return self._draft(list(path))
+        return self._draft(list(path), ahead=True)
 
-    def _draft(self, path: list[int]) -> DraftTree:
+    def _draft(self, path: list[int], ahead: bool) -> DraftTree:
         retrieval, model = self.sources
         retrieved = retrieval.propose().after(path)
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
-        mode, bucket = self._model_round(expected, behind_ms)
+        mode, bucket = self._model_round(expected, behind_ms, ahead)
         if mode == DRAFT:
             start = time.perf_counter()
             drafted = model.propose_after(path, alongside=expected) if path else model.propose(alongside=expected)
@@ -278,7 +286,7 @@ class HybridDrafter:
                 ms = (time.perf_counter() - start) * 1e3 - behind_ms
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         # (speculate() may start the model reading)
-        rnd = _Round((retrieved, drafted), None, path, bucket, mode, time.perf_counter(),
+        rnd = _Round((retrieved, drafted), None, ahead, path, bucket, mode, time.perf_counter(),
                      model_read=mode != REST or model.reading)
         self._pending.append(rnd)
         self._last = rnd
@@ -367,12 +375,14 @@ class HybridDrafter:
         else:
             self._led = False
         if not self._first_round:  # its pass reads the prompt: not a typical round
-            # From sending the tree, or, for a tree sent ahead, from the verdict before (its pass follows that)
-            ms = (now - max(rnd.sent_at, verdict_before)) * 1e3
-            if not drafted:
-                ms = self._time_quiet_round(sent, ms, rnd.model_read)
+            if rnd.ahead:  # sent ahead: from the verdict before (its pass follows that), what reading cost included
+                ms, times = (now - verdict_before) * 1e3, self._ahead_ms
+            else:
+                ms, times = (now - rnd.sent_at) * 1e3, self._round_ms
+                if not drafted:
+                    ms = self._time_quiet_round(sent, ms, rnd.model_read)
             for row in (rnd.bucket, ALL):
-                self._round_ms[row, int(drafted)] = moving_average(self._round_ms[row, int(drafted)], ms)
+                times[row, int(drafted)] = moving_average(times[row, int(drafted)], ms)
         self._first_round = False
         if rnd.merged is None:  # a resting round: the tree was retrieval's own
             retrieval.observe(tree, result)
@@ -418,8 +428,8 @@ class HybridDrafter:
 
     def _likely_verdict(self) -> list[int]:
         """The tokens of the last merged tree's likeliest path, as far as it is more likely accepted than not
-        (none for a tree sent below a path: the generation loop gives that path, `then`)."""
-        merged = self._last.merged if self._last is not None and not self._last.path else None
+        (none for a tree sent ahead: the generation loop gives its likeliest path, `then`)."""
+        merged = self._last.merged if self._last is not None and not self._last.ahead else None
         path, parent = [], -1
         while merged:
             best = max((k for k, n in enumerate(merged) if n.parent == parent), default=None,
