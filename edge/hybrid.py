@@ -47,6 +47,14 @@ pays for it: B if it is read before drafting, or what reading it during the pass
 is nothing where edge and verifier are separate machines. By the same measure R is the time a round would
 take with the model resting, as with retrieval alone: a round in which it read counts as that much shorter.
 
+Over a long round trip trees go out ahead of the verdict in flight (edge/generation.py): the hybrid drafts
+one below that tree's likeliest path (`propose_after`: retrieval's draft beyond the path, the model's
+drafted as if the path were committed), keeps each tree's round apart until its verdict, and traces the
+verdict on what was left of the tree (DraftTree.after) to each source's nodes by the tree's notes. Such a
+round is timed from the verdict before it, in figures of its own (R and R_m ahead): the model drafts it
+while another tree is in flight, so its drafting time D and reading B count only as far as they delay the
+verdicts, which those times show; the rule is then (1 + E + G) / R_m against (1 + E) / R.
+
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
 as deterministic candidates. Which rule a node gets must not depend on what the model drew there (that

@@ -5,6 +5,8 @@ hybrid end to end)."""
 
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 
 from specedge.common.draft_tree import DraftTree
@@ -35,6 +37,9 @@ class Scripted:
     def propose(self, alongside: float = 0.0) -> DraftTree:
         self.proposed += 1
         return self.tree
+
+    def propose_after(self, path: list[int], alongside: float = 0.0) -> DraftTree:
+        return self.propose(alongside)
 
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         self.observed.append((tree, result))
@@ -492,3 +497,47 @@ def test_rounds_after_the_model_led_keep_figures_of_their_own(monkeypatch, split
         assert all(after_none) and sum(after_lead) <= len(after_lead) / 4
     else:
         assert sum(after_none) < len(after_none) / 2
+
+
+def test_a_model_too_slow_for_serial_rounds_drafts_the_trees_sent_ahead(monkeypatch):
+    """The verifier takes the model's 13-14-15 beyond retrieval's 10, but drafting costs 150 ms: in serial
+    rounds of 100 ms that does not pay (6.6 / 250 ms against 3.6 / 100 ms), and the model drafts only to
+    measure and explore. Over a long round trip a verdict comes every 100 ms whatever the edge does, as long
+    as its drafting (done while the tree before is in flight) keeps up; the model's 150 ms stretch that to
+    150, which pays (6.6 / 150 ms): trees ahead are timed apart, from the verdict before, and the model
+    drafts every one of them after measuring."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(MODEL_ADDS, clock, ms=150.0)
+    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+    hybrid.begin([1])
+    serial = run_rounds(hybrid, model, 40, take=(10, 13, 14, 15))
+    assert len(serial) <= MEASURED + 2
+    drafted = pipelined_rounds(hybrid, model, 40, take=(10, 13, 14, 15))
+    # All but the rounds without the model that time R ahead (two: a round's time is known a round later)
+    assert len(drafted) == 40 - 2 and drafted[-35:] == list(range(5, 40))
+
+
+def pipelined_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
+    """`rounds` trees sent ahead, each below what the verdict in flight commits (`take` and a bonus token), a
+    verdict every 100 ms or as soon as the edge has drafted the next tree; the rounds the model drafted in."""
+    verdict_at = model.clock.now
+    in_flight = deque([hybrid.propose()])
+    drafted = []
+    for r in range(rounds):
+        proposed = model.proposed
+        in_flight.append(hybrid.propose_after([*take, 99]))
+        if model.proposed > proposed:
+            drafted.append(r)
+        hybrid.speculate(lambda: True, then=[*take, 99])
+        verdict_at += 100e-3
+        model.clock.now = verdict_at = max(model.clock.now, verdict_at)
+        tree = in_flight.popleft()  # (the verdict before a tree ahead committed its path: all of it is left)
+        accepted = []
+        for token in take:
+            parent = accepted[-1] if accepted else -1
+            child = next((c for c in tree.children()[parent + 1] if tree.tokens[c] == token), None)
+            if child is None:
+                break
+            accepted.append(child)
+        hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], 99], accepted=accepted, compute_ms=100.0))
+    return drafted
