@@ -53,7 +53,9 @@ drafted as if the path were committed), keeps each tree's round apart until its 
 verdict on what was left of the tree (DraftTree.after) to each source's nodes by the tree's notes. Such a
 round is timed from the verdict before it, in figures of its own (R and R_m ahead): the model drafts it
 while another tree is in flight, so its drafting time D and reading B count only as far as they delay the
-verdicts, which those times show; the rule is then (1 + E + G) / R_m against (1 + E) / R.
+verdicts, which those times show; the rule is then (1 + E + G) / R_m against (1 + E) / R. Where the
+controller held the last tree drafted ahead back (a short round trip), the next is priced as a serial round:
+it will most likely not be sent either, and drafting it delays the serial round after it.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -101,6 +103,7 @@ class _Round:
     model_read: bool  # the model read (or drafted) during its pass
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
     since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
+    explored: np.ndarray | None = None  # what deciding the model's part put aside for exploring, per bucket
 
 
 EXPECTED_EDGES = np.array([0.25, 0.5, 1.0, 2.0])  # buckets of retrieval's expected accepted tokens
@@ -125,8 +128,8 @@ class HybridDrafter:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
         self._pending: deque[_Round] = deque()  # drafted, verdict not yet observed, oldest first
-        self._last: _Round | None = None  # the round drafted last
         self._verdict_at = 0.0  # when the last verdict was observed
+        self._pipelining = False  # the last tree drafted ahead was sent (not held back by the controller)
         # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
         # all of them together (ALL)
         rows = 2 * BUCKETS + 1
@@ -158,7 +161,9 @@ class HybridDrafter:
         self._round += 1
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
-        mode, pays = self._wanted_for(b, expected, behind_ms, ahead)
+        # Where trees ahead are held back (a short round trip: the verdict comes before a tree ahead would
+        # pay), one drafted ahead is priced as the serial round that follows will be, and is mostly not sent.
+        mode, pays = self._wanted_for(b, expected, behind_ms, ahead and self._pipelining)
         if pays:
             self._paid_round = self._round
         elif mode == REST and self._paid_round is not None and self._round - self._paid_round <= WANTED_LATELY:
@@ -271,6 +276,9 @@ class HybridDrafter:
     def propose(self) -> DraftTree:
         # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the
         # controller held back was never sent, and its verdict will not come.
+        for unsent in (rnd for rnd in self._pending if rnd.ahead):
+            self._pipelining = False
+            self._explore_ms -= unsent.explored  # a round never sent neither puts aside nor spends
         self._pending.clear()
         return self._draft([], ahead=False)
 
@@ -286,6 +294,7 @@ class HybridDrafter:
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
         behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
+        explore_ms = self._explore_ms.copy()
         mode, bucket = self._model_round(expected, behind_ms, ahead)
         if mode == DRAFT:
             start = time.perf_counter()
@@ -295,9 +304,8 @@ class HybridDrafter:
                 self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
         # (speculate() may start the model reading)
         rnd = _Round((retrieved, drafted), None, ahead, path, bucket, mode, time.perf_counter(),
-                     model_read=mode != REST or model.reading)
+                     model_read=mode != REST or model.reading, explored=self._explore_ms - explore_ms)
         self._pending.append(rnd)
-        self._last = rnd
         if mode == REST and len(retrieved) <= self.max_nodes:
             return retrieved  # retrieval's tree goes as it is (observe passes its verdict straight on)
         nodes: list[_Merged] = []
@@ -355,6 +363,7 @@ class HybridDrafter:
         """`tree`: what the verifier verified of the oldest round's tree (for a tree sent ahead, what was left of
         it once the verdict before it was committed)."""
         rnd = self._pending.popleft()
+        self._pipelining = self._pipelining or rnd.ahead
         for later in self._pending:
             later.since += result.tokens
         now, verdict_before = time.perf_counter(), self._verdict_at
@@ -423,30 +432,32 @@ class HybridDrafter:
         # drafts does not begin by reading it; when it is not drafting it does only that (and reads what was
         # committed since it last ran), and a resting model nothing.
         self.sources[0].learn()  # what retrieval learns from the last verdict (RetrievalDrafter.learn)
-        last = self._last
-        if last is None:
+        if not self._pending:
             return
-        drafting = len(last.drafts[1]) > 0
+        # The round whose verdict is awaited; with a tree ahead in flight, that tree's round sets what the model
+        # does (rounds after the awaited one are either that tree's or were held back by the controller).
+        awaited = self._pending[0]
+        newest = self._pending[-1] if then else awaited
+        drafting = len(newest.drafts[1]) > 0
         model = self.sources[1]
-        if drafting or last.mode != REST:
-            model.speculate(stop, SPECULATION_STEPS if drafting else 1, list(then) or self._likely_verdict())
-        if self._pending:
-            awaited = self._pending[0]
-            awaited.model_read = awaited.mode != REST or model.reading
+        if drafting or newest.mode != REST:
+            model.speculate(stop, SPECULATION_STEPS if drafting else 1, list(then) or _likely_verdict(newest))
+        awaited.model_read = awaited.mode != REST or model.reading
 
-    def _likely_verdict(self) -> list[int]:
-        """The tokens of the last merged tree's likeliest path, as far as it is more likely accepted than not
-        (none for a tree sent ahead: the generation loop gives its likeliest path, `then`)."""
-        merged = self._last.merged if self._last is not None and not self._last.ahead else None
-        path, parent = [], -1
-        while merged:
-            best = max((k for k, n in enumerate(merged) if n.parent == parent), default=None,
-                       key=lambda k: merged[k].estimate)
-            if best is None or merged[best].estimate < LIKELY:
-                break
-            path.append(merged[best].token)
-            parent = best
-        return path
+
+def _likely_verdict(rnd: _Round) -> list[int]:
+    """The tokens of a round's merged tree's likeliest path, as far as it is more likely accepted than not
+    (none for a tree sent ahead: the generation loop gives its likeliest path, `then`)."""
+    merged = rnd.merged if not rnd.ahead else None
+    path, parent = [], -1
+    while merged:
+        best = max((k for k, n in enumerate(merged) if n.parent == parent), default=None,
+                   key=lambda k: merged[k].estimate)
+        if best is None or merged[best].estimate < LIKELY:
+            break
+        path.append(merged[best].token)
+        parent = best
+    return path
 
 
 def _origins(tree: DraftTree, committed: list[int]) -> list[int]:
