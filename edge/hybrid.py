@@ -53,9 +53,10 @@ drafted as if the path were committed), keeps each tree's round apart until its 
 verdict on what was left of the tree (DraftTree.after) to each source's nodes by the tree's notes. Such a
 round is timed from the verdict before it, in figures of its own (R and R_m ahead): the model drafts it
 while another tree is in flight, so its drafting time D and reading B count only as far as they delay the
-verdicts, which those times show; the rule is then (1 + E + G) / R_m against (1 + E) / R. Where the
-controller held the last tree drafted ahead back (a short round trip), the next is priced as a serial round:
-it will most likely not be sent either, and drafting it delays the serial round after it.
+verdicts, which those times show; the rule is then (1 + E + G) / R_m against (1 + E) / R. Until a tree
+ahead has been sent and timed (over a short round trip the controller holds them back), the model does in one
+drafted ahead what it does in the round whose verdict is awaited; a tree held back neither puts aside nor
+spends exploring time.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -129,7 +130,6 @@ class HybridDrafter:
         self.max_nodes = max_nodes
         self._pending: deque[_Round] = deque()  # drafted, verdict not yet observed, oldest first
         self._verdict_at = 0.0  # when the last verdict was observed
-        self._pipelining = False  # the last tree drafted ahead was sent (not held back by the controller)
         # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
         # all of them together (ALL)
         rows = 2 * BUCKETS + 1
@@ -158,12 +158,14 @@ class HybridDrafter:
         """What the model does this round: DRAFT, READ (it does not draft, but reads during the pass what it
         would have to read before a draft) or REST; and the round's bucket. `behind_ms`: what the model would
         read before it could draft now (ModelDrafter.behind_ms). `ahead`: the tree goes ahead of another."""
-        self._round += 1
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
-        # Where trees ahead are held back (a short round trip: the verdict comes before a tree ahead would
-        # pay), one drafted ahead is priced as the serial round that follows will be, and is mostly not sent.
-        mode, pays = self._wanted_for(b, expected, behind_ms, ahead and self._pipelining)
+        if ahead and np.isnan(self._ahead_ms[ALL]).all() and self._pending:
+            # No tree ahead sent yet (over a short round trip the controller holds them back): the model does in
+            # this one what it does in the round whose verdict is awaited, and nothing is counted.
+            return self._pending[0].mode, b
+        self._round += 1
+        mode, pays = self._wanted_for(b, expected, behind_ms, ahead)
         if pays:
             self._paid_round = self._round
         elif mode == REST and self._paid_round is not None and self._round - self._paid_round <= WANTED_LATELY:
@@ -277,7 +279,6 @@ class HybridDrafter:
         # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the
         # controller held back was never sent, and its verdict will not come.
         for unsent in (rnd for rnd in self._pending if rnd.ahead):
-            self._pipelining = False
             self._explore_ms -= unsent.explored  # a round never sent neither puts aside nor spends
         self._pending.clear()
         return self._draft([], ahead=False)
@@ -363,7 +364,6 @@ class HybridDrafter:
         """`tree`: what the verifier verified of the oldest round's tree (for a tree sent ahead, what was left of
         it once the verdict before it was committed)."""
         rnd = self._pending.popleft()
-        self._pipelining = self._pipelining or rnd.ahead
         for later in self._pending:
             later.since += result.tokens
         now, verdict_before = time.perf_counter(), self._verdict_at
