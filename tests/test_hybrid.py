@@ -366,13 +366,7 @@ def model_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tu
             model.clock.now, model.proposed = now, before
         hybrid.speculate(lambda: True)
         did.append("draft" if model.proposed > proposed else "read" if len(model.speculated) > speculated else "rest")
-        accepted = []
-        for token in take:
-            parent = accepted[-1] if accepted else -1
-            child = next((c for c in tree.children()[parent + 1] if tree.tokens[c] == token), None)
-            if child is None:
-                break
-            accepted.append(child)
+        accepted = spelled(tree, take)
         model.clock.spend(100.0 * (1.0 + (reading_slows if did[-1] != "rest" else 0.0)))
         hybrid.observe(tree, StepResult(tokens=[*take[: len(accepted)], 99], accepted=accepted, compute_ms=100.0))
     return did
