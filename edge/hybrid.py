@@ -51,12 +51,15 @@ Over a long round trip trees go out ahead of the verdict in flight (edge/generat
 one below that tree's likeliest path (`propose_after`: retrieval's draft beyond the path, the model's
 drafted as if the path were committed), keeps each tree's round apart until its verdict, and traces the
 verdict on what was left of the tree (DraftTree.after) to each source's nodes by the tree's notes. Such a
-round is timed from the verdict before it, in figures of its own (R and R_m ahead): the model drafts it
-while another tree is in flight, so its drafting time D and reading B count only as far as they delay the
-verdicts, which those times show; the rule is then (1 + E + G) / R_m against (1 + E) / R. Until a tree
-ahead has been sent and timed (over a short round trip the controller holds them back), the model does in one
-drafted ahead what it does in the round whose verdict is awaited; a tree held back neither puts aside nor
-spends exploring time.
+tree is drafted while another is in flight, and the model's drafting and reading (B, the path it hangs
+below included) delay its sending: the two trees' verdicts take turns, so each comes about half as much
+later (AHEAD_SHARE of D + B, the rule's R_m = R + AHEAD_SHARE * D). R ahead has figures of its own: half the
+time from the verdict before a tree was drafted to its verdict (a turn of two trees), less the model's share
+where it drafted, so that every tree ahead measures it. (Timed from the verdict just before, a tree would
+take the time the one before it lost or saved: a slow send shortens the next interval.) Until a tree ahead
+has been sent and timed (over a short round trip the controller holds them back), the model does in
+one drafted ahead what it does in the round whose verdict is awaited; a tree held back neither puts aside
+nor spends exploring time.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -102,6 +105,8 @@ class _Round:
     mode: str  # what the model does in this round: DRAFT, READ or REST
     sent_at: float
     model_read: bool  # the model read (or drafted) during its pass
+    drafted_after: float | None  # the verdict observed last when it was drafted (None: none yet this generation)
+    model_ms: float = 0.0  # the model's drafting, what it read first included
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
     since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
     explored: np.ndarray | None = None  # what deciding the model's part put aside for exploring, per bucket
@@ -120,6 +125,7 @@ LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
 FORGET_PAIRS = 0.95  # per pair of rounds measuring that slowdown (each pair is noisy: a mean over many)
+AHEAD_SHARE = 0.5  # of a tree ahead's drafting time, what it delays the verdicts by (two trees in flight)
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
@@ -129,7 +135,7 @@ class HybridDrafter:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
         self._pending: deque[_Round] = deque()  # drafted, verdict not yet observed, oldest first
-        self._verdict_at = 0.0  # when the last verdict was observed
+        self._verdict_at: float | None = None  # when this generation's last verdict was observed
         # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
         # all of them together (ALL)
         rows = 2 * BUCKETS + 1
@@ -139,7 +145,7 @@ class HybridDrafter:
         # Per bucket (no ALL row: the level is that): decayed sums of G, of the level at the time, of the rounds
         self._shape = np.zeros((rows - 1, 3))
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
-        self._ahead_ms = np.full((rows, 2), np.nan)  # the same for trees sent ahead, from the verdict before
+        self._ahead_ms = np.full(rows, np.nan)  # R for trees sent ahead (half a turn of two trees; EMAs)
         # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
         self._last_quiet: tuple[int, bool, float] | None = None
         self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
@@ -160,7 +166,7 @@ class HybridDrafter:
         read before it could draft now (ModelDrafter.behind_ms). `ahead`: the tree goes ahead of another."""
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
-        if ahead and np.isnan(self._ahead_ms[ALL]).all() and self._pending:
+        if ahead and np.isnan(self._ahead_ms[ALL]) and self._pending:
             # No tree ahead sent yet (over a short round trip the controller holds them back): the model does in
             # this one what it does in the round whose verdict is awaited, and nothing is counted.
             return self._pending[0].mode, b
@@ -175,29 +181,31 @@ class HybridDrafter:
     def _wanted_for(self, b: int, expected: float, behind_ms: float, ahead: bool) -> tuple[str, bool]:
         """DRAFT, READ or REST by this round's figures alone (`b`: its bucket), and whether the model pays here
         (had it read everything committed but the verdict's bonus token)."""
-        times = self._ahead_ms if ahead else self._round_ms
-        if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS or np.isnan(times[ALL, 1]):
+        if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS:
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
-        if np.isnan(times[ALL, 0]):
-            return READ, False  # a round without the model, which times R
-        # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
-        # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
-        # time grows with what it commits), which says nothing of them.
-        without, with_model = times[b]
-        if np.isnan(without):
-            without = times[ALL, 0]
-        if np.isnan(with_model):
-            with_model = without + times[ALL, 1] - times[ALL, 0]
-        with_model = max(with_model, without)
         gain = self._gain_in(b)
-        # A tree ahead is drafted while another is in flight: the model's drafting and reading delay the
-        # verdicts only as far as the round times with it show (over a long round trip, hardly at all).
-        drafting, forward = (0.0, 0.0) if ahead else (self.model_ms, self.sources[1].token_ms or 0.0)
-        if ahead and math.isfinite(behind_ms):
-            behind_ms = 0.0
+        forward = self.sources[1].token_ms or 0.0
+        if ahead:  # R measured by every tree ahead, the model's share of the time modelled (see the docstring)
+            without = self._ahead_ms[b] if not np.isnan(self._ahead_ms[b]) else self._ahead_ms[ALL]
+            with_model = without + AHEAD_SHARE * self.model_ms
+            forward, behind_ms = AHEAD_SHARE * forward, AHEAD_SHARE * behind_ms
+        else:
+            if np.isnan(self._round_ms[ALL, 1]):
+                return DRAFT, False
+            if np.isnan(self._round_ms[ALL, 0]):
+                return READ, False  # a round without the model, which times R
+            # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
+            # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
+            # time grows with what it commits), which says nothing of them.
+            without, with_model = self._round_ms[b]
+            if np.isnan(without):
+                without = self._round_ms[ALL, 0]
+            if np.isnan(with_model):
+                with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
+            with_model = max(with_model, without) + self.model_ms
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
-        loss = with_model + drafting - without * (1 + expected + gain) / (1 + expected)
+        loss = with_model - without * (1 + expected + gain) / (1 + expected)
         # Reading during this pass leaves the next round at least one forward to read before it drafts: the
         # verdict's bonus token, unknown until then. So the model pays (and reads towards drafting) only where
         # it does with that forward to pay: otherwise its rounds would read beside every pass and never draft.
@@ -268,7 +276,7 @@ class HybridDrafter:
         return ms / (1.0 + self._slowed_by_reading()) if model_read and self._reading_pairs[1] else ms
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
-        self._first_round, self._last_quiet, self._led = True, None, False
+        self._first_round, self._last_quiet, self._led, self._verdict_at = True, None, False, None
         self._pending.clear()
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
@@ -294,18 +302,20 @@ class HybridDrafter:
         retrieved = retrieval.propose().after(path)
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
-        behind_ms = math.inf if model.reading else model.behind_ms()  # no draft comes while it reads
+        behind_ms = math.inf if model.reading else model.behind_ms(path)  # no draft comes while it reads
         explore_ms = self._explore_ms.copy()
         mode, bucket = self._model_round(expected, behind_ms, ahead)
+        spent = 0.0
         if mode == DRAFT:
             start = time.perf_counter()
             drafted = model.propose_after(path, alongside=expected) if path else model.propose(alongside=expected)
+            spent = (time.perf_counter() - start) * 1e3
             if len(drafted):  # not while it still reads the prompt
-                ms = (time.perf_counter() - start) * 1e3 - behind_ms
-                self.model_ms = moving_average(self.model_ms, max(ms, 0.0))
+                self.model_ms = moving_average(self.model_ms, max(spent - behind_ms, 0.0))
         # (speculate() may start the model reading)
         rnd = _Round((retrieved, drafted), None, ahead, path, bucket, mode, time.perf_counter(),
-                     model_read=mode != REST or model.reading, explored=self._explore_ms - explore_ms)
+                     model_read=mode != REST or model.reading, drafted_after=self._verdict_at, model_ms=spent,
+                     explored=self._explore_ms - explore_ms)
         self._pending.append(rnd)
         if mode == REST and len(retrieved) <= self.max_nodes:
             return retrieved  # retrieval's tree goes as it is (observe passes its verdict straight on)
@@ -366,8 +376,7 @@ class HybridDrafter:
         rnd = self._pending.popleft()
         for later in self._pending:
             later.since += result.tokens
-        now, verdict_before = time.perf_counter(), self._verdict_at
-        self._verdict_at = now
+        now = self._verdict_at = time.perf_counter()
         retrieval, model = self.sources
         beyond = rnd.since[len(rnd.path) :]
         if rnd.since[: len(rnd.path)] != rnd.path:  # the verdict before did not commit the path: nothing was left
@@ -391,15 +400,16 @@ class HybridDrafter:
             self._led = gain > 0 and result.accepted[-1] not in tree.parents
         else:
             self._led = False
-        if not self._first_round:  # its pass reads the prompt: not a typical round
-            if rnd.ahead:  # sent ahead: from the verdict before (its pass follows that), what reading cost included
-                ms, times = (now - verdict_before) * 1e3, self._ahead_ms
-            else:
-                ms, times = (now - rnd.sent_at) * 1e3, self._round_ms
-                if not drafted:
-                    ms = self._time_quiet_round(sent, ms, rnd.model_read)
+        if rnd.ahead and rnd.drafted_after is not None:  # R: half a turn of two trees, less the model's share
+            ms = (now - rnd.drafted_after) * 1e3 / 2 - AHEAD_SHARE * rnd.model_ms
             for row in (rnd.bucket, ALL):
-                times[row, int(drafted)] = moving_average(times[row, int(drafted)], ms)
+                self._ahead_ms[row] = moving_average(self._ahead_ms[row], ms)
+        elif not rnd.ahead and not self._first_round:  # (the first round's pass reads the prompt: not typical)
+            ms = (now - rnd.sent_at) * 1e3
+            if not drafted:
+                ms = self._time_quiet_round(sent, ms, rnd.model_read)
+            for row in (rnd.bucket, ALL):
+                self._round_ms[row, int(drafted)] = moving_average(self._round_ms[row, int(drafted)], ms)
         self._first_round = False
         if rnd.merged is None:  # a resting round: the tree was retrieval's own
             retrieval.observe(tree, result)

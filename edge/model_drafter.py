@@ -215,18 +215,21 @@ class ModelDrafter:
         self._stop_reader(wait=False)  # the rest of this prompt is of no use to the next
         self._logits.clear()
 
-    def behind_ms(self) -> float:
+    def behind_ms(self, path: list[int] = ()) -> float:
         """The time a draft now would spend reading committed text first (what it did not read ahead during
-        the pass, such as the verdict's tokens beyond those it expected); 0 while the prompt is still being
-        read in the background (no draft comes then)."""
+        the pass, such as the verdict's tokens beyond those it expected), and `path` (target ids) for a draft
+        beyond it (propose_after); 0 while the prompt is still being read in the background (no draft comes
+        then)."""
         if self.reading:
             return 0.0
-        if self._uncommitted and len(self.model.tokens) <= len(self._context):
-            # The model read nothing past the committed text: what observe() noted since is all unread, counted
-            # in drafter ids at the recent rate (asking must not cost the re-tokenising that context does)
-            unread = self._unread(self._context) + round(len(self._uncommitted) * self._ids_per_target)
+        if len(self.model.tokens) <= len(self._context) and (self._uncommitted or path):
+            # The model read nothing past the committed text: what observe() noted since and the path are all
+            # unread, counted in drafter ids at the recent rate (asking must not cost the re-tokenising that
+            # context does)
+            noted = len(self._uncommitted) + len(path)
+            unread = self._unread(self._context) + round(noted * self._ids_per_target)
         else:
-            unread = self._unread()
+            unread = self._unread(self.bridge.preview([*self._uncommitted, *path]) if path else None)
         if not unread:
             return 0.0
         one_forward = self.token_ms or 0.0

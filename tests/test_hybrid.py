@@ -14,7 +14,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge import hybrid as hybrid_module
 from specedge.edge.generation import generate
-from specedge.edge.hybrid import ALL, EXPLORE_SHARE, MEASURE_ROUNDS, HybridDrafter
+from specedge.edge.hybrid import AHEAD_SHARE, ALL, EXPLORE_SHARE, MEASURE_ROUNDS, HybridDrafter
 from specedge.edge.model_drafter import SPECULATION_STEPS
 
 
@@ -56,7 +56,7 @@ class Scripted:
         self.read_ahead = list(then)
         self.read_aheads.append(list(then))
 
-    def behind_ms(self) -> float:
+    def behind_ms(self, path=()) -> float:
         return 0.0
 
 
@@ -162,7 +162,7 @@ class TimedModel(Scripted):
         self.unread += len(result.tokens) - matched
         self.read_ahead = []
 
-    def behind_ms(self) -> float:
+    def behind_ms(self, path=()) -> float:  # (it reads ahead whatever path it drafts beyond: `then`)
         return self.unread * self.read_ms
 
 
@@ -522,23 +522,49 @@ def test_a_model_too_slow_for_serial_rounds_drafts_the_trees_sent_ahead(monkeypa
     assert drafted == list(range(2, 40))
 
 
-def pipelined_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...]) -> list[int]:
+def test_a_model_that_adds_nothing_to_trees_ahead_drafts_them_only_to_explore(monkeypatch):
+    """The verifier takes retrieval's 10-11-12 below every path, never the model's 13-14-15, which takes 50 ms
+    to draft. A tree ahead's drafting delays its sending, and with two trees in flight the verdicts come half
+    as much later: after measuring, the model drafts trees ahead only to explore, at EXPLORE_SHARE of the time.
+    (Timed from the verdict just before, as first done, a tree ahead took the time the one before it lost or
+    saved; in runs across vocabularies the model drafted nearly every tree ahead, adding nothing: BENCHMARKS.md
+    section 8.)"""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(DraftTree([13, 14, 15], [-1, 0, 1], accept_probs=[0.5, 0.4, 0.3]), clock, ms=50.0)
+    retrieval = Scripted(DraftTree([10, 11, 12, 99, 10, 11, 12], list(range(-1, 6)), accept_probs=[0.9] * 7))
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    rounds = 400
+    drafted = pipelined_rounds(hybrid, model, rounds, take=(10, 11, 12))
+    measuring = MEASURED  # (the serial round in flight measures too, but its verdict comes after one tree ahead)
+    assert drafted[:measuring] == list(range(measuring))
+    exploring = len(drafted) - measuring
+    # Each tree ahead puts aside EXPLORE_SHARE of R (100 ms: a turn of two trees is 200), each exploring tree
+    # costs AHEAD_SHARE of its 50 ms
+    budget = (rounds - measuring) * EXPLORE_SHARE * 100.0
+    assert budget - 25.0 < exploring * AHEAD_SHARE * 50.0 <= budget
+
+
+def pipelined_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...],
+                     trip_ms: float = 200.0, pass_ms: float = 20.0) -> list[int]:
     """`rounds` trees sent ahead, each below what the verdict in flight commits (the part of `take` its tree
-    spells and a bonus token), a verdict every 100 ms or as soon as the edge has drafted the next tree; the
-    rounds the model drafted in."""
-    verdict_at = model.clock.now
-    in_flight = deque([hybrid.propose()])
+    spells and a bonus token), as edge/generation.py sends them: a tree is drafted once the verdict before the
+    one in flight is in, and its verdict comes `trip_ms` after it was sent (drafted), and `pass_ms` after the
+    verdict before it; the rounds the model drafted in."""
+    due = model.clock.now + trip_ms / 1e3
+    in_flight = deque([(hybrid.propose(), due)])
     drafted = []
     for r in range(rounds):
         proposed = model.proposed
-        verdict = spelled(in_flight[0], take)
-        in_flight.append(hybrid.propose_after([*take[: len(verdict)], 99]))
+        verdict = spelled(in_flight[0][0], take)
+        tree = hybrid.propose_after([*take[: len(verdict)], 99])
+        due = max(model.clock.now + trip_ms / 1e3, due + pass_ms / 1e3)
+        in_flight.append((tree, due))
         if model.proposed > proposed:
             drafted.append(r)
         hybrid.speculate(lambda: True, then=[*take[: len(verdict)], 99])
-        verdict_at += 100e-3
-        model.clock.now = verdict_at = max(model.clock.now, verdict_at)
-        tree = in_flight.popleft()  # (the verdict before a tree ahead committed its path: all of it is left)
+        tree, verdict_at = in_flight.popleft()  # (the verdict before a tree ahead committed its path: all is left)
+        model.clock.now = max(model.clock.now, verdict_at)
         hybrid.observe(tree, StepResult(tokens=[*take[: len(verdict)], 99], accepted=verdict, compute_ms=100.0))
     return drafted
 

@@ -478,7 +478,7 @@ class TrueContinuation:
     def speculate(self, stop, steps: int = 0, then=()) -> None:
         pass
 
-    def behind_ms(self) -> float:
+    def behind_ms(self, path=()) -> float:
         return 0.0
 
     def learn(self) -> None:
