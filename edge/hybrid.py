@@ -56,10 +56,12 @@ below included) delay its sending: the two trees' verdicts take turns, so each c
 later (AHEAD_SHARE of D + B, the rule's R_m = R + AHEAD_SHARE * D). R ahead has figures of its own: half the
 time from the verdict before a tree was drafted to its verdict (a turn of two trees), less the model's share
 where it drafted, so that every tree ahead measures it. (Timed from the verdict just before, a tree would
-take the time the one before it lost or saved: a slow send shortens the next interval.) Until a tree ahead
-has been sent and timed (over a short round trip the controller holds them back), the model does in
-one drafted ahead what it does in the round whose verdict is awaited; a tree held back neither puts aside
-nor spends exploring time.
+take the time the one before it lost or saved: a slow send shortens the next interval.) Where retrieval has
+nothing beyond the path, the tree ahead would go bare without the model, and the verifier would draft for it
+itself: there G counts what the model's nodes commit beyond what those drafts commit (measured on trees
+ahead with nothing left; one such tree goes bare to measure it). Until a tree ahead has been sent and timed
+(over a short round trip the controller holds them back), the model does in one drafted ahead what it does
+in the round whose verdict is awaited; a tree held back neither puts aside nor spends exploring time.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -151,6 +153,8 @@ class HybridDrafter:
         self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
         self._explore_ms = np.zeros(rows)  # per bucket: time put aside for rounds that explore
         self.model_ms: float | None = None  # D: the model's drafting time per round
+        # What the verifier's own draft commits for a tree ahead with nothing left (edge/generation.py's fill)
+        self._filled: float | None = None
         self._first_round = True
         self._round, self._paid_round = 0, None  # rounds proposed; the last one in which the model paid
         self._model_rounds = 0  # rounds the model drafted in
@@ -183,6 +187,8 @@ class HybridDrafter:
         (had it read everything committed but the verdict's bonus token)."""
         if self.model_ms is None or self._model_rounds < MEASURE_ROUNDS:
             return DRAFT, False  # measuring: G, D and R_m (the first round, which reads the prompt, is not timed)
+        if ahead and not expected and self._filled is None:
+            return REST, False  # a tree ahead left bare once: what the verifier drafts for it is G's baseline
         gain = self._gain_in(b)
         forward = self.sources[1].token_ms or 0.0
         if ahead:  # R measured by every tree ahead, the model's share of the time modelled (see the docstring)
@@ -243,7 +249,7 @@ class HybridDrafter:
         prior = PRIOR_ROUNDS * (self._level or 0.0)
         return (gains + prior) / (levels + prior) if levels + prior > 0 else 1.0
 
-    def _learn_gain(self, b: int, gain: int) -> None:
+    def _learn_gain(self, b: int, gain: float) -> None:
         """A round the model drafted in, in bucket `b`, added `gain` tokens: it moves the level by what it
         says of a bucket of shape 1, and the bucket's shape by how it compares with the level."""
         level = float(gain) if self._level is None else self._level
@@ -377,6 +383,8 @@ class HybridDrafter:
         for later in self._pending:
             later.since += result.tokens
         now = self._verdict_at = time.perf_counter()
+        if rnd.ahead and not len(tree):
+            self._filled = moving_average(self._filled, result.verifier_drafted)
         retrieval, model = self.sources
         beyond = rnd.since[len(rnd.path) :]
         if rnd.since[: len(rnd.path)] != rnd.path:  # the verdict before did not commit the path: nothing was left
@@ -392,7 +400,10 @@ class HybridDrafter:
             by_retrieval = next((i for i, k in enumerate(result.accepted) if 0 not in tree.notes[k].where),
                                 len(result.accepted))
             gain = len(result.accepted) - by_retrieval
-            self._learn_gain(rnd.bucket, gain)
+            # Without the model's nodes, nothing of a tree ahead that retrieval left empty would have been left,
+            # and the verifier would have drafted for it: the model adds only what it commits beyond that.
+            alone = rnd.ahead and not any(0 in node.where for node in tree.notes or ())
+            self._learn_gain(rnd.bucket, max(0.0, gain - (self._filled or 0.0)) if alone else gain)
             # The model led: it added tokens and the verdict ended where the tree did, not at a rejection.
             # Retrieval's estimate says little of what the model adds after such a round (a repeated
             # structure: the model drafts a dozen tokens, all accepted, and retrieval's long match that

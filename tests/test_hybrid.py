@@ -546,27 +546,49 @@ def test_a_model_that_adds_nothing_to_trees_ahead_drafts_them_only_to_explore(mo
 
 
 def pipelined_rounds(hybrid: HybridDrafter, model: TimedModel, rounds: int, take: tuple[int, ...],
-                     trip_ms: float = 200.0, pass_ms: float = 20.0) -> list[int]:
+                     trip_ms: float = 200.0, pass_ms: float = 20.0, filled: int = 0) -> list[int]:
     """`rounds` trees sent ahead, each below what the verdict in flight commits (the part of `take` its tree
     spells and a bonus token), as edge/generation.py sends them: a tree is drafted once the verdict before the
     one in flight is in, and its verdict comes `trip_ms` after it was sent (drafted), and `pass_ms` after the
-    verdict before it; the rounds the model drafted in."""
+    verdict before it; where a tree is bare the verifier drafts the first `filled` tokens of `take` itself.
+    The rounds the model drafted in."""
     due = model.clock.now + trip_ms / 1e3
     in_flight = deque([(hybrid.propose(), due)])
     drafted = []
     for r in range(rounds):
         proposed = model.proposed
         verdict = spelled(in_flight[0][0], take)
-        tree = hybrid.propose_after([*take[: len(verdict)], 99])
+        fill = 0 if len(in_flight[0][0]) else filled
+        tokens = [*take[: len(verdict) + fill], 99]
+        tree = hybrid.propose_after(tokens)
         due = max(model.clock.now + trip_ms / 1e3, due + pass_ms / 1e3)
         in_flight.append((tree, due))
         if model.proposed > proposed:
             drafted.append(r)
-        hybrid.speculate(lambda: True, then=[*take[: len(verdict)], 99])
+        hybrid.speculate(lambda: True, then=tokens)
         tree, verdict_at = in_flight.popleft()  # (the verdict before a tree ahead committed its path: all is left)
         model.clock.now = max(model.clock.now, verdict_at)
-        hybrid.observe(tree, StepResult(tokens=[*take[: len(verdict)], 99], accepted=verdict, compute_ms=100.0))
+        hybrid.observe(tree, StepResult(tokens=tokens, accepted=verdict, compute_ms=100.0, verifier_drafted=fill))
     return drafted
+
+
+def test_where_retrieval_leaves_a_tree_ahead_bare_the_model_must_beat_the_verifiers_own_draft(monkeypatch):
+    """Retrieval has nothing beyond the path a tree ahead hangs below; the model's 10-11 is accepted, in 20 ms.
+    Without it the tree would go bare and the verifier would draft for it, committing `filled` tokens. The
+    model drafts such trees where it commits more than that (filled 1), and where it commits less (filled 3)
+    only to explore, once the level has forgotten the rounds that measured it before the verifier's draft was
+    known (counted against nothing, its 2 tokens a tree paid its 10 ms over and over)."""
+    runs = {}
+    for filled in (1, 3):
+        monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+        model = TimedModel(DraftTree([10, 11], [-1, 0], accept_probs=[0.9, 0.8]), clock, ms=20.0)
+        hybrid = HybridDrafter(Scripted(DraftTree([10], [-1], accept_probs=[0.9])), model, max_nodes=64)
+        hybrid.begin([1])
+        runs[filled] = pipelined_rounds(hybrid, model, 200, take=(10, 11, 12, 13), filled=filled)
+    assert len(runs[1]) >= 195  # all but the one left bare to measure the verifier's draft
+    # Exploring: each tree puts aside EXPLORE_SHARE of R (100 ms), a tree with the model costs 10 of them
+    exploring = [r for r in runs[3] if r >= 20]
+    assert 0 < len(exploring) <= (200 - MEASURED) * EXPLORE_SHARE * 100.0 / (AHEAD_SHARE * 20.0)
 
 
 def spelled(tree: DraftTree, take: tuple[int, ...]) -> list[int]:
