@@ -108,7 +108,7 @@ class _Round:
     sent_at: float
     model_read: bool  # the model read (or drafted) during its pass
     drafted_after: float | None  # the verdict observed last when it was drafted (None: none yet this generation)
-    model_ms: float = 0.0  # the model's drafting, what it read first included
+    drafting_ms: float = 0.0  # the model's drafting, what it read first included
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
     since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
     explored: np.ndarray | None = None  # what deciding the model's part put aside for exploring, per bucket
@@ -170,10 +170,10 @@ class HybridDrafter:
         read before it could draft now (ModelDrafter.behind_ms). `ahead`: the tree goes ahead of another."""
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
-        if ahead and np.isnan(self._ahead_ms[ALL]) and self._pending:
+        if ahead and np.isnan(self._ahead_ms[ALL]):
             # No tree ahead sent yet (over a short round trip the controller holds them back): the model does in
             # this one what it does in the round whose verdict is awaited, and nothing is counted.
-            return self._pending[0].mode, b
+            return (self._pending[0].mode if self._pending else REST), b
         self._round += 1
         mode, pays = self._wanted_for(b, expected, behind_ms, ahead)
         if pays:
@@ -320,7 +320,7 @@ class HybridDrafter:
                 self.model_ms = moving_average(self.model_ms, max(spent - behind_ms, 0.0))
         # (speculate() may start the model reading)
         rnd = _Round((retrieved, drafted), None, ahead, path, bucket, mode, time.perf_counter(),
-                     model_read=mode != REST or model.reading, drafted_after=self._verdict_at, model_ms=spent,
+                     model_read=mode != REST or model.reading, drafted_after=self._verdict_at, drafting_ms=spent,
                      explored=self._explore_ms - explore_ms)
         self._pending.append(rnd)
         if mode == REST and len(retrieved) <= self.max_nodes:
@@ -412,7 +412,7 @@ class HybridDrafter:
         else:
             self._led = False
         if rnd.ahead and rnd.drafted_after is not None:  # R: half a turn of two trees, less the model's share
-            ms = (now - rnd.drafted_after) * 1e3 / 2 - AHEAD_SHARE * rnd.model_ms
+            ms = (now - rnd.drafted_after) * 1e3 / 2 - AHEAD_SHARE * rnd.drafting_ms
             for row in (rnd.bucket, ALL):
                 self._ahead_ms[row] = moving_average(self._ahead_ms[row], ms)
         elif not rnd.ahead and not self._first_round:  # (the first round's pass reads the prompt: not typical)
