@@ -59,9 +59,12 @@ where it drafted, so that every tree ahead measures it. (Timed from the verdict 
 take the time the one before it lost or saved: a slow send shortens the next interval.) Where retrieval has
 nothing beyond the path, the tree ahead would go bare without the model, and the verifier would draft for it
 itself: there G counts what the model's nodes commit beyond what those drafts commit (measured on trees
-ahead with nothing left; one such tree goes bare to measure it). Until a tree ahead has been sent and timed
-(over a short round trip the controller holds them back), the model does in one drafted ahead what it does
-in the round whose verdict is awaited; a tree held back neither puts aside nor spends exploring time.
+ahead with nothing left; one such tree goes bare to measure it). The controller weighs a tree ahead against
+waiting for the verdict in flight and drafting after it (TreeSizeController.ahead): the hybrid tells it what
+that draft would hold (`waiting`), retrieval's part alone where the serial rule would have the model rest.
+Until a tree ahead has been sent and timed (over a short round trip the controller holds them back), the
+model does in one drafted ahead what it does in the round whose verdict is awaited; a tree held back neither
+puts aside nor spends exploring time.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -200,15 +203,7 @@ class HybridDrafter:
                 return DRAFT, False
             if np.isnan(self._round_ms[ALL, 0]):
                 return READ, False  # a round without the model, which times R
-            # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
-            # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
-            # time grows with what it commits), which says nothing of them.
-            without, with_model = self._round_ms[b]
-            if np.isnan(without):
-                without = self._round_ms[ALL, 0]
-            if np.isnan(with_model):
-                with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
-            with_model = max(with_model, without) + self.model_ms
+            without, with_model = self._serial_times(b)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
         loss = with_model - without * (1 + expected + gain) / (1 + expected)
@@ -237,6 +232,34 @@ class HybridDrafter:
             self._explore_ms[b] -= reading
             return READ, pays
         return REST, pays
+
+    def _serial_times(self, b: int) -> tuple[float, float]:
+        """A serial round's R and R_m + D in bucket `b` (both buckets' measured)."""
+        # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
+        # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
+        # time grows with what it commits), which says nothing of them.
+        without, with_model = self._round_ms[b]
+        if np.isnan(without):
+            without = self._round_ms[ALL, 0]
+        if np.isnan(with_model):
+            with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
+        return without, max(with_model, without) + self.model_ms
+
+    def waiting(self) -> DraftTree | None:
+        """What a tree drafted after the verdict in flight would hold, where it is less than the tree just drafted
+        ahead holds: retrieval's part alone, where the model drafted this tree but would not draft a
+        round of its own (a serial round's rule counts all of its drafting time). The controller weighs the
+        tree ahead against waiting for that (TreeSizeController.ahead). None: as much as the tree ahead."""
+        rnd = self._pending[-1] if self._pending else None
+        if rnd is None or not rnd.ahead or not len(rnd.drafts[1]) or self.model_ms is None:
+            return None
+        if np.isnan(self._round_ms[ALL]).any():
+            return None  # (no serial rule yet)
+        expected = sum(rnd.drafts[0].accept_probs or ())
+        without, with_model = self._serial_times(rnd.bucket)
+        if with_model - without * (1 + expected + self._gain_in(rnd.bucket)) / (1 + expected) < 0:
+            return None
+        return rnd.drafts[0]
 
     def _gain_in(self, b: int) -> float:
         """G expected in bucket `b`: the model's level lately times the bucket's shape."""

@@ -522,6 +522,37 @@ def test_a_model_too_slow_for_serial_rounds_drafts_the_trees_sent_ahead(monkeypa
     assert drafted == list(range(2, 40))
 
 
+# Retrieval that drafts 10-11-12 beyond the path 10-11-12-99 too, and a model the verifier never follows
+REPEATING = DraftTree([10, 11, 12, 99, 10, 11, 12], list(range(-1, 6)), accept_probs=[0.9] * 7)
+WRONG = DraftTree([13, 14, 15], [-1, 0, 1], accept_probs=[0.5, 0.4, 0.3])
+
+
+@pytest.mark.parametrize("retrieval, model_draft, take, waiting_for", [
+    (RETRIEVAL, MODEL_ADDS, (10, 13, 14, 15), None),  # the model pays in both
+    (REPEATING, WRONG, (10, 11, 12), [10, 11, 12]),  # it adds nothing, and drafts a tree ahead only to explore
+], ids=["model-pays", "model-explores"])
+def test_a_tree_ahead_is_weighed_against_what_the_hybrid_would_draft_after_the_verdict(
+        monkeypatch, retrieval, model_draft, take, waiting_for):
+    """The controller weighs a tree ahead against waiting for the verdict and drafting after it. A round after
+    the verdict has the serial rule, which counts all of the model's drafting time: where the model pays there
+    too, waiting would get the whole tree (None: no less than the tree ahead); where it does not, retrieval's
+    part beyond the path alone."""
+    monkeypatch.setattr(hybrid_module, "time", clock := Clock())
+    model = TimedModel(model_draft, clock, ms=10.0)
+    hybrid = HybridDrafter(Scripted(retrieval), model, max_nodes=64)
+    hybrid.begin([1])
+    run_rounds(hybrid, model, 40, take=take)
+    pipelined_rounds(hybrid, model, 20, take=take)
+    for _ in range(100):  # trees ahead (never sent) until the model drafts one
+        proposed = model.proposed
+        hybrid.propose_after([*take, 99])
+        if model.proposed > proposed:
+            break
+    assert model.proposed > proposed
+    waiting = hybrid.waiting()
+    assert (None if waiting is None else waiting.tokens) == waiting_for
+
+
 def test_a_model_that_adds_nothing_to_trees_ahead_drafts_them_only_to_explore(monkeypatch):
     """The verifier takes retrieval's 10-11-12 below every path, never the model's 13-14-15, which takes 50 ms
     to draft. A tree ahead's drafting delays its sending, and with two trees in flight the verdicts come half
@@ -530,9 +561,8 @@ def test_a_model_that_adds_nothing_to_trees_ahead_drafts_them_only_to_explore(mo
     saved; in runs across vocabularies the model drafted nearly every tree ahead, adding nothing: BENCHMARKS.md
     section 8.)"""
     monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TimedModel(DraftTree([13, 14, 15], [-1, 0, 1], accept_probs=[0.5, 0.4, 0.3]), clock, ms=50.0)
-    retrieval = Scripted(DraftTree([10, 11, 12, 99, 10, 11, 12], list(range(-1, 6)), accept_probs=[0.9] * 7))
-    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    model = TimedModel(WRONG, clock, ms=50.0)
+    hybrid = HybridDrafter(Scripted(REPEATING), model, max_nodes=64)
     hybrid.begin([1])
     rounds = 400
     drafted = pipelined_rounds(hybrid, model, rounds, take=(10, 11, 12))
