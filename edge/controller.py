@@ -54,7 +54,7 @@ class TreeSizeController:
         return best_tree_size(probs, cost.table(len(probs)), overhead_ms=self.overhead_ms, most_tokens=remaining)
 
     def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int, beyond: bool = False,
-              waiting: DraftTree | None = None) -> int | None:
+              fresh: DraftTree | None = None) -> int | None:
         """Nodes of `draft` to send ahead of the verdict in flight (None: wait for it instead). The verifier
         verifies what is left of them once that verdict is committed and answers a pass after it, where
         waiting would answer a round trip and a pass after it: a tree ahead keeps the verifier busy during
@@ -74,15 +74,15 @@ class TreeSizeController:
         that draft commits: what this one promises (the verifier drafts from the same text, by the same
         rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
         such promises (under load it sizes them down; in a new session its estimates start from priors).
-        `waiting`: what a draft after the verdict would hold, where the drafter knows it to be less than what
+        `fresh`: what a draft after the verdict would hold, where the drafter knows it to be less than what
         this one holds beyond the covered nodes (a hybrid whose model drafts trees ahead but not after a
         verdict: HybridDrafter.waiting)."""
         if not self.overlap:
             return None
         # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
         # below that path (a draft after the verdict starts from about there)
-        fresh = draft.after(draft.tokens[:covered]) if beyond and covered else draft
-        fresh = fresh if waiting is None else waiting
+        if fresh is None:
+            fresh = draft.after(draft.tokens[:covered]) if beyond and covered else draft
         wait = self.choose(fresh, cost, remaining)
         if draft.accept_probs is None:  # nothing to price it by: ahead when the trip outlasts the pass
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None

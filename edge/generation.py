@@ -190,7 +190,7 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
         draft = _below(left, path, propose_after([left.tokens[i] for i in path]))
         waiting = getattr(drafter, "waiting", None)  # what it would draft after the verdict, where it knows
         size = controller.ahead(draft, session.cost_model(), remaining, len(path), beyond=True,
-                                waiting=waiting() if waiting is not None else None)
+                                fresh=waiting() if waiting is not None else None)
     else:
         draft = drafter.propose() if draft is None else draft
         size = controller.ahead(draft, session.cost_model(), remaining, len(left))

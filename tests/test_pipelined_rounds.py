@@ -397,7 +397,7 @@ class AlwaysAhead(TreeSizeController):
     def choose(self, draft, cost, remaining) -> int:
         return len(draft)
 
-    def ahead(self, draft, cost, remaining, covered, beyond=False, waiting=None) -> int:
+    def ahead(self, draft, cost, remaining, covered, beyond=False, fresh=None) -> int:
         return len(draft)
 
 

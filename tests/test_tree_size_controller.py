@@ -162,7 +162,7 @@ def test_a_draft_beyond_an_unlikely_path_goes_ahead_where_waiting_would_get_less
     far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
     draft = beyond_path([0.6, 0.35, 0.2, 0.1], 0.9)
     assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None
-    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True, waiting=DraftTree.empty()) is not None
+    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True, fresh=DraftTree.empty()) is not None
 
 
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
