@@ -206,7 +206,7 @@ class HybridDrafter:
             without, with_model = self._serial_times(b)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
-        loss = with_model - without * (1 + expected + gain) / (1 + expected)
+        loss = _loss(without, with_model, expected, gain)
         # Reading during this pass leaves the next round at least one forward to read before it drafts: the
         # verdict's bonus token, unknown until then. So the model pays (and reads towards drafting) only where
         # it does with that forward to pay: otherwise its rounds would read beside every pass and never draft.
@@ -234,7 +234,7 @@ class HybridDrafter:
         return REST, pays
 
     def _serial_times(self, b: int) -> tuple[float, float]:
-        """A serial round's R and R_m + D in bucket `b` (both buckets' measured)."""
+        """A serial round's R and R_m + D in bucket `b` (the figures for all buckets measured)."""
         # A bucket's own times where it has them, all buckets' until then. The model's nodes and speculation
         # can only delay the verdict: a round that took less time with them committed fewer tokens (a pass's
         # time grows with what it commits), which says nothing of them.
@@ -257,7 +257,7 @@ class HybridDrafter:
             return None  # (no serial rule yet)
         expected = sum(rnd.drafts[0].accept_probs or ())
         without, with_model = self._serial_times(rnd.bucket)
-        if with_model - without * (1 + expected + self._gain_in(rnd.bucket)) / (1 + expected) < 0:
+        if _loss(without, with_model, expected, self._gain_in(rnd.bucket)) < 0:
             return None
         return rnd.drafts[0]
 
@@ -487,6 +487,12 @@ class HybridDrafter:
         if drafting or newest.mode != REST:
             model.speculate(stop, SPECULATION_STEPS if drafting else 1, list(then) or _likely_verdict(newest))
         awaited.model_read = awaited.mode != REST or model.reading
+
+
+def _loss(without: float, with_model: float, expected: float, gain: float) -> float:
+    """ms a round loses by drafting with the model (gains, where negative): it takes `with_model` ms instead
+    of `without` and commits 1 + expected + gain tokens instead of 1 + expected."""
+    return with_model - without * (1 + expected + gain) / (1 + expected)
 
 
 def _likely_verdict(rnd: _Round) -> list[int]:
