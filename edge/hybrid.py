@@ -61,7 +61,8 @@ nothing beyond the path, the tree ahead would go bare without the model, and the
 itself: there G counts what the model's nodes commit beyond what those drafts commit (measured on trees
 ahead with nothing left; one such tree goes bare to measure it). The controller weighs a tree ahead against
 waiting for the verdict in flight and drafting after it (TreeSizeController.ahead): the hybrid tells it what
-that draft would hold (`waiting`), retrieval's part alone where the serial rule would have the model rest.
+that draft would hold (`waiting`): retrieval's part at once, or the whole tree once the model has drafted,
+unless the serial rule would have the model rest.
 Until a tree ahead has been sent and timed (over a short round trip the controller holds them back), the
 model does in one drafted ahead what it does in the round whose verdict is awaited; a tree held back neither
 puts aside nor spends exploring time.
@@ -245,21 +246,23 @@ class HybridDrafter:
             with_model = without + self._round_ms[ALL, 1] - self._round_ms[ALL, 0]
         return without, max(with_model, without) + self.model_ms
 
-    def waiting(self) -> DraftTree | None:
-        """What a tree drafted after the verdict in flight would hold, where it is less than the tree just drafted
-        ahead holds: retrieval's part alone, where the model drafted this tree but would not draft a
-        round of its own (a serial round's rule counts all of its drafting time). The controller weighs the
-        tree ahead against waiting for that (TreeSizeController.ahead). None: as much as the tree ahead."""
+    def waiting(self) -> list[tuple[DraftTree | None, float]] | None:
+        """The ways a tree drafted after the verdict in flight may be drafted, where the model drafted the tree
+        just drafted ahead, each with the ms its drafting adds (TreeSizeController.ahead weighs the tree
+        ahead against the best): retrieval's part alone at once, and the whole tree (None) after the model
+        drafts D and reads the verdict's bonus token, unless the serial rule, once measured, has the model rest.
+        (Priced without that time, the model's part made waiting look best below any unlikely path: at 80 ms
+        the hybrid held back 3 times as many trees ahead as retrieval alone, BENCHMARKS.md section 8.)"""
         rnd = self._pending[-1] if self._pending else None
         if rnd is None or not rnd.ahead or not len(rnd.drafts[1]) or self.model_ms is None:
             return None
-        if np.isnan(self._round_ms[ALL]).any():
-            return None  # (no serial rule yet)
-        expected = sum(rnd.drafts[0].accept_probs or ())
-        without, with_model = self._serial_times(rnd.bucket)
-        if _loss(without, with_model, expected, self._gain_in(rnd.bucket)) < 0:
-            return None
-        return rnd.drafts[0]
+        ways: list[tuple[DraftTree | None, float]] = [(rnd.drafts[0], 0.0)]
+        if not np.isnan(self._round_ms[ALL]).any():
+            expected = sum(rnd.drafts[0].accept_probs or ())
+            without, with_model = self._serial_times(rnd.bucket)
+            if _loss(without, with_model, expected, self._gain_in(rnd.bucket)) >= 0:
+                return ways
+        return ways + [(None, self.model_ms + (self.sources[1].token_ms or 0.0))]
 
     def _gain_in(self, b: int) -> float:
         """G expected in bucket `b`: the model's level lately times the bucket's shape."""

@@ -527,21 +527,24 @@ REPEATING = DraftTree([10, 11, 12, 99, 10, 11, 12], list(range(-1, 6)), accept_p
 WRONG = DraftTree([13, 14, 15], [-1, 0, 1], accept_probs=[0.5, 0.4, 0.3])
 
 
-@pytest.mark.parametrize("retrieval, model_draft, take, waiting_for", [
-    (RETRIEVAL, MODEL_ADDS, (10, 13, 14, 15), None),  # the model pays in both
-    (REPEATING, WRONG, (10, 11, 12), [10, 11, 12]),  # it adds nothing, and drafts a tree ahead only to explore
-], ids=["model-pays", "model-explores"])
-def test_a_tree_ahead_is_weighed_against_what_the_hybrid_would_draft_after_the_verdict(
-        monkeypatch, retrieval, model_draft, take, waiting_for):
-    """The controller weighs a tree ahead against waiting for the verdict and drafting after it. A round after
-    the verdict has the serial rule, which counts all of the model's drafting time: where the model pays there
-    too, waiting would get the whole tree (None: no less than the tree ahead); where it does not, retrieval's
-    part beyond the path alone."""
+@pytest.mark.parametrize("retrieval, model_draft, take, serial, ways", [
+    (RETRIEVAL, MODEL_ADDS, (10, 13, 14, 15), True, [[], None]),  # the model pays in both
+    (REPEATING, WRONG, (10, 11, 12), True, [[10, 11, 12]]),  # it adds nothing, and drafts ahead only to explore
+    (REPEATING, WRONG, (10, 11, 12), False, [[10, 11, 12], None]),  # no serial rule yet
+], ids=["model-pays", "model-explores", "serial-unmeasured"])
+def test_a_tree_ahead_is_weighed_against_the_ways_the_hybrid_may_draft_after_the_verdict(
+        monkeypatch, retrieval, model_draft, take, serial, ways):
+    """The controller weighs a tree ahead that the model drafted against waiting for the verdict and drafting
+    after it: retrieval's part beyond the path at once, or the whole tree after the model's drafting time
+    and a forward for the verdict's bonus token; the latter not where the serial rule, measured, would have
+    the model rest. (Where the model's part was offered without its time, waiting looked best below any
+    unlikely path, and the hybrid held back 4 times as many trees ahead as retrieval alone.)"""
     monkeypatch.setattr(hybrid_module, "time", clock := Clock())
-    model = TimedModel(model_draft, clock, ms=10.0)
+    model = TimedModel(model_draft, clock, ms=10.0, read_ms=2.0)
     hybrid = HybridDrafter(Scripted(retrieval), model, max_nodes=64)
     hybrid.begin([1])
-    run_rounds(hybrid, model, 40, take=take)
+    if serial:
+        run_rounds(hybrid, model, 40, take=take)
     pipelined_rounds(hybrid, model, 20, take=take)
     for _ in range(100):  # trees ahead (never sent) until the model drafts one
         proposed = model.proposed
@@ -549,8 +552,9 @@ def test_a_tree_ahead_is_weighed_against_what_the_hybrid_would_draft_after_the_v
         if model.proposed > proposed:
             break
     assert model.proposed > proposed
-    waiting = hybrid.waiting()
-    assert (None if waiting is None else waiting.tokens) == waiting_for
+    offered = hybrid.waiting()
+    assert [None if tree is None else tree.tokens for tree, _ in offered] == ways
+    assert [ms for _, ms in offered] == [0.0, pytest.approx(hybrid.model_ms + 2.0)][: len(ways)]
 
 
 def test_a_model_that_adds_nothing_to_trees_ahead_drafts_them_only_to_explore(monkeypatch):
