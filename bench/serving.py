@@ -43,6 +43,8 @@ class JobResult:
     compute_ms: list[float] = dataclasses.field(default_factory=list)
     queue_ms: list[float] = dataclasses.field(default_factory=list)
     network_ms: list[float] = dataclasses.field(default_factory=list)
+    sent_ms: list[float] = dataclasses.field(default_factory=list)  # per round, from the generation's start
+    verdict_ms: list[float] = dataclasses.field(default_factory=list)
     ahead: int = 0  # rounds whose tree went out ahead of the verdict before it
     verifier_drafted: int = 0  # committed tokens the verifier drafted itself (trees ahead with nothing left)
     wall_s: float = 0.0
@@ -93,7 +95,7 @@ class EdgeClient:
             session = self.client.open(ids, self.params, hints_top_k=hints)
             g = generate(session, self.eos, self.drafter, self.controller if self.drafter is not None else None)
             r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes, g.accepted, g.compute_ms, g.queue_ms,
-                          g.network_ms, g.ahead, g.verifier_drafted)
+                          g.network_ms, g.sent_ms, g.verdict_ms, g.ahead, g.verifier_drafted)
         r.wall_s = time.perf_counter() - start
         if before is not None and (after := self._engine_time()) is not None:
             r.verifier_s, r.passes = after[0] - before[0], int(after[1] - before[1])

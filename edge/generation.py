@@ -29,6 +29,9 @@ class GenerationResult:
     compute_ms: list[float] = field(default_factory=list)  # the verifier's pass
     queue_ms: list[float] = field(default_factory=list)  # waiting for a place in the verifier's batch
     network_ms: list[float] = field(default_factory=list)  # the rest: network, serialisation
+    # When each round's tree went out and its verdict came in, ms from the start (bench/verifier_idle.py)
+    sent_ms: list[float] = field(default_factory=list)
+    verdict_ms: list[float] = field(default_factory=list)
     ahead: int = 0  # rounds whose tree went out ahead of the verdict before it (pipelined)
     verifier_drafted: int = 0  # committed tokens the verifier drafted itself (trees ahead with nothing left)
 
@@ -86,7 +89,7 @@ def generate(
                 tree = _sized(draft, controller, session, params.max_new_tokens - len(out))
                 if ahead:
                     session.send(tree)
-                in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3))
+                in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, time.perf_counter()))
                 if ahead:
                     _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
             elif ahead and len(in_flight) == 1:
@@ -114,6 +117,8 @@ def generate(
             tree = sent.tree.after(out[sent.root :])  # what the verifier verified of it
             result.rounds += 1
             result.draft_ms.append(sent.draft_ms)
+            result.sent_ms.append((sent.sent_at - start) * 1e3)
+            result.verdict_ms.append((time.perf_counter() - start) * 1e3)
             result.tree_sizes.append(len(tree))
             result.accepted.append(len(step.accepted))
             result.compute_ms.append(step.compute_ms)
@@ -157,6 +162,7 @@ class _Sent:
     tree: DraftTree
     root: int  # output tokens committed when it was drafted: its root follows them
     draft_ms: float
+    sent_at: float  # time.perf_counter() when it went out (or, to an in-process verifier, was ready)
     ahead: bool = False  # sent while another tree's verdict was in flight
 
 
@@ -198,7 +204,7 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
         return
     tree = draft.prefix(min(size, session.max_tree_tokens))
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
-    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, ahead=True))
+    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, time.perf_counter(), ahead=True))
 
 
 def _likeliest_path(tree: DraftTree) -> list[int]:

@@ -226,6 +226,10 @@ def test_over_a_long_round_trip_trees_go_out_ahead_and_commit_drafts_and_the_out
         got = generate(through(link.target), drafter=oracle(reference), controller=TreeSizeController(max_nodes=8))
     assert got.token_ids == reference
     assert got.ahead >= 2  # rounds whose tree went out before the verdict ahead of it
+    # The rounds' times say which: a tree ahead went out before the verdict before it came in
+    went_ahead = [sent < before for sent, before in zip(got.sent_ms[1:], got.verdict_ms)]
+    assert len(got.sent_ms) == len(got.verdict_ms) == got.rounds and sum(went_ahead) == got.ahead
+    assert all(sent < verdict for sent, verdict in zip(got.sent_ms, got.verdict_ms))
     ahead_accepted = [a for a, sent in zip(got.accepted, got.tree_sizes) if sent]
     assert max(ahead_accepted) > 1  # trees sent ahead did get drafts accepted
 
