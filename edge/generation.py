@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from specedge.common.draft_tree import DraftTree
-from specedge.common.session import VerifierSession
+from specedge.common.session import StepResult, VerifierSession
 from specedge.edge.controller import TreeSizeController
 from specedge.edge.drafter import Drafter
 
@@ -99,26 +99,26 @@ def generate(
                 if learn is not None:
                     learn()
                 if speculate is not None and (not in_flight or propose_after is not None):  # the drafter uses the wait
-                    verdict = waiting.submit(session.receive)
+                    verdict = waiting.submit(_received, session.receive)
                     if in_flight:  # a tree ahead: the next draft starts beyond its likeliest path, read on from there
                         ahead_of = in_flight[0].tree.after(out[in_flight[0].root :])
                         speculate(verdict.done, then=[ahead_of.tokens[i] for i in _likeliest_path(ahead_of)])
                     else:
                         speculate(verdict.done)
-                    step = verdict.result()
+                    step, received_at = verdict.result()
                 else:
-                    step = session.receive()
+                    step, received_at = _received(session.receive)
             elif speculate is not None:  # an empty tree's pass too: a model drafter reads the verdict-to-be
-                verdict = waiting.submit(session.step, sent.tree)
+                verdict = waiting.submit(_received, session.step, sent.tree)
                 speculate(verdict.done)
-                step = verdict.result()
+                step, received_at = verdict.result()
             else:
-                step = session.step(sent.tree)
+                step, received_at = _received(session.step, sent.tree)
             tree = sent.tree.after(out[sent.root :])  # what the verifier verified of it
             result.rounds += 1
             result.draft_ms.append(sent.draft_ms)
             result.sent_ms.append((sent.sent_at - start) * 1e3)
-            result.verdict_ms.append((time.perf_counter() - start) * 1e3)
+            result.verdict_ms.append((received_at - start) * 1e3)
             result.tree_sizes.append(len(tree))
             result.accepted.append(len(step.accepted))
             result.compute_ms.append(step.compute_ms)
@@ -164,6 +164,11 @@ class _Sent:
     draft_ms: float
     sent_at: float  # time.perf_counter() when it went out (or, to an in-process verifier, was ready)
     ahead: bool = False  # sent while another tree's verdict was in flight
+
+
+def _received(call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
+    """A verdict and when it came in (the drafter may still be using the wait then)."""
+    return call(*args), time.perf_counter()
 
 
 def _sized(draft: DraftTree, controller: TreeSizeController | None, session, remaining: int) -> DraftTree:
