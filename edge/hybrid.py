@@ -252,7 +252,7 @@ class HybridDrafter:
         ahead against the best): retrieval's part alone at once, and the whole tree (None) after the model
         drafts D and reads the verdict's bonus token, unless the serial rule, once measured, has the model rest.
         (Priced without that time, the model's part made waiting look best below any unlikely path: at 80 ms
-        the hybrid held back 3 times as many trees ahead as retrieval alone, BENCHMARKS.md section 8.)"""
+        the hybrid ran four times as many serial rounds as retrieval alone, BENCHMARKS.md section 8.)"""
         rnd = self._pending[-1] if self._pending else None
         if rnd is None or not rnd.ahead or not len(rnd.drafts[1]) or self.model_ms is None:
             return None
