@@ -89,7 +89,8 @@ def generate(
                 tree = _sized(draft, controller, session, params.max_new_tokens - len(out))
                 if ahead:
                     session.send(tree)
-                in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, time.perf_counter()))
+                sent_at = time.perf_counter()
+                in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at))
                 if ahead:
                     _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
             elif ahead and len(in_flight) == 1:
@@ -209,7 +210,8 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
         return
     tree = draft.prefix(min(size, session.max_tree_tokens))
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
-    in_flight.append(_Sent(tree, len(out), (time.perf_counter() - t0) * 1e3, time.perf_counter(), ahead=True))
+    sent_at = time.perf_counter()
+    in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at, ahead=True))
 
 
 def _likeliest_path(tree: DraftTree) -> list[int]:
