@@ -51,21 +51,21 @@ Over a long round trip trees go out ahead of the verdict in flight (edge/generat
 one below that tree's likeliest path (`propose_after`: retrieval's draft beyond the path, the model's
 drafted as if the path were committed), keeps each tree's round apart until its verdict, and traces the
 verdict on what was left of the tree (DraftTree.after) to each source's nodes by the tree's notes. Such a
-tree is drafted while another is in flight, and the model's drafting and reading (B, the path it hangs
-below included) delay its sending: the two trees' verdicts take turns, so each comes about half as much
-later (AHEAD_SHARE of D + B, the rule's R_m = R + AHEAD_SHARE * D). R ahead has figures of its own: half the
-time from the verdict before a tree was drafted to its verdict (a turn of two trees), less the model's share
-where it drafted, so that every tree ahead measures it. (Timed from the verdict just before, a tree would
-take the time the one before it lost or saved: a slow send shortens the next interval.) Where retrieval has
-nothing beyond the path, the tree ahead would go bare without the model, and the verifier would draft for it
-itself: there G counts what the model's nodes commit beyond what those drafts commit (measured on trees
-ahead with nothing left; one such tree goes bare to measure it). The controller weighs a tree ahead against
-waiting for the verdict in flight and drafting after it (TreeSizeController.ahead): the hybrid tells it what
-that draft would hold (`waiting`): retrieval's part at once, or the whole tree once the model has drafted,
-unless the serial rule would have the model rest.
-Until a tree ahead has been sent and timed (over a short round trip the controller holds them back), the
-model does in one drafted ahead what it does in the round whose verdict is awaited; a tree held back neither
-puts aside nor spends exploring time.
+tree is drafted after the verdict before the one in flight, and must reach the verifier before the pass in
+flight ends (a pass less a round trip later): a model drafting then made it late, and the verifier waited
+(3-6 s a run at 80 ms across vocabularies, BENCHMARKS.md section 8). So the model's part of a tree ahead is
+what it computed while the verifier checked the trees before (`speculate`, beyond the likeliest path of the
+tree in flight): it runs no forward for it (ModelDrafter.propose with `known_only`), costs no time, and the
+model drafts every tree ahead, its G measured too. Where retrieval has nothing beyond the path, the tree
+ahead would go bare without the model, and the verifier would draft for it itself: there G counts what the
+model's nodes commit beyond what those drafts commit (measured on trees ahead with nothing left; one such
+tree goes bare to measure it). The controller weighs a tree ahead against waiting for the verdict in flight
+and drafting after it (TreeSizeController.ahead): the hybrid tells it what that draft would hold
+(`waiting`): retrieval's part at once, or the whole tree once the model has drafted, unless the serial rule
+would have the model rest.
+Until a tree ahead has had its verdict (over a short round trip the controller holds them back), the model
+does in one drafted ahead what it does in the round whose verdict is awaited; a tree held back neither puts
+aside nor spends exploring time.
 
 Sampled drafts: a node keeps the model's proposal q (its children are the model's draws, checked by
 rejection sampling) only where retrieval proposes nothing; where it does, all children there are checked
@@ -111,8 +111,6 @@ class _Round:
     mode: str  # what the model does in this round: DRAFT, READ or REST
     sent_at: float
     model_read: bool  # the model read (or drafted) during its pass
-    drafted_after: float | None  # the verdict observed last when it was drafted (None: none yet this generation)
-    drafting_ms: float = 0.0  # the model's drafting, what it read first included
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
     since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
     explored: np.ndarray | None = None  # what deciding the model's part put aside for exploring, per bucket
@@ -131,7 +129,6 @@ LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads
 SIZE_EDGES = np.array([1, 3, 5, 9, 17])  # tree sizes whose passes are compared for reading's cost
 READING_SLOWS_PRIOR = 0.15  # the pass's slowdown while the model reads beside it, until measured
 FORGET_PAIRS = 0.95  # per pair of rounds measuring that slowdown (each pair is noisy: a mean over many)
-AHEAD_SHARE = 0.5  # of a tree ahead's drafting time, what it delays the verdicts by (two trees in flight)
 WANTED_LATELY = 4  # rounds after it last paid that a model which does not draft keeps reading
 DRAFT, READ, REST = "draft", "read", "rest"  # what the model does in a round
 
@@ -141,7 +138,6 @@ class HybridDrafter:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
         self._pending: deque[_Round] = deque()  # drafted, verdict not yet observed, oldest first
-        self._verdict_at: float | None = None  # when this generation's last verdict was observed
         # One row per bucket, again per bucket after a round the model led (see _led), and the last row for
         # all of them together (ALL)
         rows = 2 * BUCKETS + 1
@@ -151,7 +147,7 @@ class HybridDrafter:
         # Per bucket (no ALL row: the level is that): decayed sums of G, of the level at the time, of the rounds
         self._shape = np.zeros((rows - 1, 3))
         self._round_ms = np.full((rows, 2), np.nan)  # R without, R_m with the model (EMAs)
-        self._ahead_ms = np.full(rows, np.nan)  # R for trees sent ahead (half a turn of two trees; EMAs)
+        self._ahead_answered = False  # a tree sent ahead has had its verdict
         # The last round the model did not draft in: (its tree's size bucket, whether the model read, ms)
         self._last_quiet: tuple[int, bool, float] | None = None
         self._reading_pairs = np.zeros(2)  # decayed sums of (read / rested round time - 1) and of the pairs
@@ -174,7 +170,7 @@ class HybridDrafter:
         read before it could draft now (ModelDrafter.behind_ms). `ahead`: the tree goes ahead of another."""
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
-        if ahead and np.isnan(self._ahead_ms[ALL]):
+        if ahead and not self._ahead_answered:
             # No tree ahead sent yet (over a short round trip the controller holds them back): the model does in
             # this one what it does in the round whose verdict is awaited, and nothing is counted.
             return (self._pending[0].mode if self._pending else REST), b
@@ -194,17 +190,14 @@ class HybridDrafter:
         if ahead and not expected and self._filled is None:
             return REST, False  # a tree ahead left bare once: what the verifier drafts for it is G's baseline
         gain = self._gain_in(b)
+        if ahead:  # its part of a tree ahead costs no time: what it computed during the passes (see the docstring)
+            return DRAFT, gain > 0
         forward = self.sources[1].token_ms or 0.0
-        if ahead:  # R measured by every tree ahead, the model's share of the time modelled (see the docstring)
-            without = self._ahead_ms[b] if not np.isnan(self._ahead_ms[b]) else self._ahead_ms[ALL]
-            with_model = without + AHEAD_SHARE * self.model_ms
-            forward, behind_ms = AHEAD_SHARE * forward, AHEAD_SHARE * behind_ms
-        else:
-            if np.isnan(self._round_ms[ALL, 1]):
-                return DRAFT, False
-            if np.isnan(self._round_ms[ALL, 0]):
-                return READ, False  # a round without the model, which times R
-            without, with_model = self._serial_times(b)
+        if np.isnan(self._round_ms[ALL, 1]):
+            return DRAFT, False
+        if np.isnan(self._round_ms[ALL, 0]):
+            return READ, False  # a round without the model, which times R
+        without, with_model = self._serial_times(b)
         # ms lost (or gained, when negative) by drafting this round with the model, at the current estimates,
         # had it read everything committed; drafting now costs the reading it has to do first on top
         loss = _loss(without, with_model, expected, gain)
@@ -308,7 +301,7 @@ class HybridDrafter:
         return ms / (1.0 + self._slowed_by_reading()) if model_read and self._reading_pairs[1] else ms
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
-        self._first_round, self._last_quiet, self._led, self._verdict_at = True, None, False, None
+        self._first_round, self._last_quiet, self._led = True, None, False
         self._pending.clear()
         retrieval, model = self.sources
         retrieval.begin(prompt_ids, params)
@@ -337,16 +330,17 @@ class HybridDrafter:
         behind_ms = math.inf if model.reading else model.behind_ms(path)  # no draft comes while it reads
         explore_ms = self._explore_ms.copy()
         mode, bucket = self._model_round(expected, behind_ms, ahead)
-        spent = 0.0
-        if mode == DRAFT:
+        if mode == DRAFT and ahead:  # what it computed during the passes, no forward now (see the docstring)
+            drafted = model.propose_after(path, alongside=expected, known_only=True)
+        elif mode == DRAFT:
             start = time.perf_counter()
-            drafted = model.propose_after(path, alongside=expected) if path else model.propose(alongside=expected)
-            spent = (time.perf_counter() - start) * 1e3
+            drafted = model.propose(alongside=expected)
             if len(drafted):  # not while it still reads the prompt
+                spent = (time.perf_counter() - start) * 1e3
                 self.model_ms = moving_average(self.model_ms, max(spent - behind_ms, 0.0))
         # (speculate() may start the model reading)
         rnd = _Round((retrieved, drafted), None, ahead, path, bucket, mode, time.perf_counter(),
-                     model_read=mode != REST or model.reading, drafted_after=self._verdict_at, drafting_ms=spent,
+                     model_read=mode != REST or model.reading,
                      explored=self._explore_ms - explore_ms)
         self._pending.append(rnd)
         if mode == REST and len(retrieved) <= self.max_nodes:
@@ -408,7 +402,7 @@ class HybridDrafter:
         rnd = self._pending.popleft()
         for later in self._pending:
             later.since += result.tokens
-        now = self._verdict_at = time.perf_counter()
+        now = time.perf_counter()
         if rnd.ahead and not len(tree):
             self._filled = moving_average(self._filled, result.verifier_drafted)
         retrieval, model = self.sources
@@ -437,10 +431,8 @@ class HybridDrafter:
             self._led = gain > 0 and result.accepted[-1] not in tree.parents
         else:
             self._led = False
-        if rnd.ahead and rnd.drafted_after is not None:  # R: half a turn of two trees, less the model's share
-            ms = (now - rnd.drafted_after) * 1e3 / 2 - AHEAD_SHARE * rnd.drafting_ms
-            for row in (rnd.bucket, ALL):
-                self._ahead_ms[row] = moving_average(self._ahead_ms[row], ms)
+        if rnd.ahead:
+            self._ahead_answered = True
         elif not rnd.ahead and not self._first_round:  # (the first round's pass reads the prompt: not typical)
             ms = (now - rnd.sent_at) * 1e3
             if not drafted:
@@ -485,7 +477,8 @@ class HybridDrafter:
         # does (rounds after the awaited one are either that tree's or were held back by the controller).
         awaited = self._pending[0]
         newest = self._pending[-1] if then else awaited
-        drafting = len(newest.drafts[1]) > 0
+        # (a tree ahead the model had nothing computed for still has it compute for the next)
+        drafting = len(newest.drafts[1]) > 0 or (newest.ahead and newest.mode == DRAFT)
         model = self.sources[1]
         if drafting or newest.mode != REST:
             model.speculate(stop, SPECULATION_STEPS if drafting else 1, list(then) or _likely_verdict(newest))

@@ -17,7 +17,8 @@ seconds on one core, and waiting for it would put all of them before the first t
 being verified, `speculate` computes the logits the next round most likely needs (after the likeliest
 verdicts and bonus tokens): when the verdict is one of them, the next round's first levels cost nothing.
 Logits are kept by the exact token sequence they follow, so a reused one is the one a fresh forward would
-give, and what is drafted from it, sampled drafts included, is unchanged.
+give, and what is drafted from it, sampled drafts included, is unchanged. A draft may be made of such logits
+alone (`known_only`: the hybrid's trees sent ahead, which must not wait on a forward).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class ModelDrafter:
         self.read_ms: float | None = None  # per committed token, read in CATCH_UP_BATCH forwards
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
         self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
+        self._known_only = False  # propose()'s `known_only`
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()  # the current reader's own (a stopped one may still be ending)
         self._read_error: BaseException | None = None
@@ -158,13 +160,14 @@ class ModelDrafter:
             self._reader = None
         self._read_error = None
 
-    def propose(self, alongside: float = 0.0) -> DraftTree:
+    def propose(self, alongside: float = 0.0, known_only: bool = False) -> DraftTree:
         """`alongside`: the tokens the round is expected to commit through another drafter's nodes (the
-        hybrid's retrieval): a round that commits more anyway makes each drafted token worth less."""
-        self._alongside = alongside
+        hybrid's retrieval): a round that commits more anyway makes each drafted token worth less.
+        `known_only`: draft only from logits computed already (by `speculate`), running no forward now."""
+        self._alongside, self._known_only = alongside, known_only
         if self._reading_backlog():
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
-        if not self.context or (self.bridge.cross and self.bridge.pending):
+        if not self.context or (self.bridge.cross and self.bridge.pending) or (known_only and not self._known([])):
             return DraftTree.empty()
         if self.params.greedy:
             nodes, proposals = (self._slem() if self.bridge.cross else self._greedy()), None
@@ -172,16 +175,16 @@ class ModelDrafter:
             nodes, proposals = self._sampled()
         return self._best_first(nodes, proposals)
 
-    def propose_after(self, path: list[int], alongside: float = 0.0) -> DraftTree:
+    def propose_after(self, path: list[int], alongside: float = 0.0, known_only: bool = False) -> DraftTree:
         """A draft hanging off `path` (target ids) as if it were committed next: over a long round trip, the
         tree to send ahead of a verdict that most likely commits `path` (edge/generation.py). The model
         drafts as deep beyond it as from the committed end; what it read of `path` stays cached."""
         context = self.context
         if not path or not context:
-            return self.propose(alongside)
+            return self.propose(alongside, known_only)
         self._context = self.bridge.preview(path)
         try:
-            return self.propose(alongside)
+            return self.propose(alongside, known_only)
         finally:
             self._context = context
 
@@ -299,7 +302,7 @@ class ModelDrafter:
         commits `expected` (the bonus included; plus what other drafters' nodes commit) in round_ms + drafted
         * token_ms; drafting it pays when path / token_ms beats the round's rate. `free`: its logits are
         known already (speculated)."""
-        if path < MIN_PATH:
+        if path < MIN_PATH or (self._known_only and not free):
             return False
         token_ms = 0.0 if free else (self.token_ms or 0.0)
         round_ms = ROUND_MS_PRIOR if self.round_ms is None else self.round_ms

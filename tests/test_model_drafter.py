@@ -176,6 +176,42 @@ def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(re
         assert drafter._unread() == 0 and drafter.behind_ms() == 0
 
 
+@pytest.mark.parametrize("target", ["smollm2-135m", "gemma3-270m"], ids=["same-vocab", "SLEM"])
+def test_a_known_only_draft_runs_no_forward_and_holds_what_speculation_computed(real_model, target, monkeypatch):
+    """A tree sent ahead must not wait on the model (the hybrid's, edge/hybrid.py): with `known_only` it is
+    drafted beyond the path it hangs below from the logits speculation computed there, and no forward runs.
+    Before speculation there is nothing; after it, the draft's likeliest chain is the start of the full one."""
+    hf, tokenizer = real_model(target)
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    assert drafter.ready(timeout=60)
+    drafter.round_ms = 600_000.0  # the step count is the only stop, whatever the host's speed
+    path = edge_tokenizer.encode(" a cat, because cats are")
+    forwards = []
+    for name in ("logits", "prefill"):
+        run = getattr(drafter.model, name)
+        monkeypatch.setattr(drafter.model, name, lambda *a, run=run, **k: forwards.append(1) or run(*a, **k))
+    assert len(drafter.propose_after(path, known_only=True)) == 0 and not forwards
+    drafter.speculate(stop=lambda: False, steps=2, then=path)  # after the path, then after its likeliest next
+    assert forwards
+    forwards.clear()
+    known = drafter.propose_after(path, known_only=True)
+    assert len(known) > 0 and not forwards
+    full = drafter.propose_after(path)
+    assert len(full) > len(known) and forwards
+    chain = _likeliest_chain(known)
+    assert _likeliest_chain(full)[: len(chain) - 1] == chain[:-1]  # (SLEM may split the text's end otherwise)
+
+
+def _likeliest_chain(tree: DraftTree) -> list[int]:
+    chain, parent = [], -1
+    while kids := tree.children()[parent + 1]:
+        parent = max(kids, key=lambda k: tree.accept_probs[k])
+        chain.append(tree.tokens[parent])
+    return chain
+
+
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
     """The target's exact p(x1) and, for its `firsts` most likely x1, p(x1, x2)."""
     with torch.inference_mode():

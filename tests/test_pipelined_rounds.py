@@ -468,7 +468,7 @@ class TrueContinuation:
     def propose(self, alongside: float = 0.0) -> DraftTree:
         return self.propose_after([])
 
-    def propose_after(self, path: list[int], alongside: float = 0.0) -> DraftTree:
+    def propose_after(self, path: list[int], alongside: float = 0.0, known_only: bool = False) -> DraftTree:
         n = len(self.committed) + len(path)
         tokens = self.reference[n : n + self.depth]
         tokens += [(t + 1) % V for t in self.reference[n + len(tokens) : n + len(tokens) + self.wrong]]
