@@ -171,8 +171,8 @@ class HybridDrafter:
         b = int(np.searchsorted(EXPECTED_EDGES, expected, side="right"))
         b = b + BUCKETS if self._led and self.split_after_led else b
         if ahead and not self._ahead_answered:
-            # No tree ahead sent yet (over a short round trip the controller holds them back): the model does in
-            # this one what it does in the round whose verdict is awaited, and nothing is counted.
+            # No tree ahead has had its verdict yet (over a short round trip the controller holds them back): the
+            # model does in this one what it does in the round whose verdict is awaited, and nothing is counted.
             return (self._pending[0].mode if self._pending else REST), b
         self._round += 1
         mode, pays = self._wanted_for(b, expected, behind_ms, ahead)
@@ -433,7 +433,7 @@ class HybridDrafter:
             self._led = False
         if rnd.ahead:
             self._ahead_answered = True
-        elif not rnd.ahead and not self._first_round:  # (the first round's pass reads the prompt: not typical)
+        elif not self._first_round:  # (the first round's pass reads the prompt: not typical)
             ms = (now - rnd.sent_at) * 1e3
             if not drafted:
                 ms = self._time_quiet_round(sent, ms, rnd.model_read)
