@@ -22,6 +22,7 @@ from specedge.edge.calibration import Calibration, reached_and_accepted
 from specedge.edge.draft_model import BATCH as BATCH_TOKENS
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
+from specedge.edge.generation import _likeliest_path
 from specedge.edge.model_drafter import CATCH_UP_BATCH
 from specedge.edge.registry import make_drafter
 from specedge.edge.tokenizer import EdgeTokenizer
@@ -200,16 +201,9 @@ def test_a_known_only_draft_runs_no_forward_and_holds_what_speculation_computed(
     assert len(known) > 0 and not forwards
     full = drafter.propose_after(path)
     assert len(full) > len(known) and forwards
-    chain = _likeliest_chain(known)
-    assert _likeliest_chain(full)[: len(chain) - 1] == chain[:-1]  # (SLEM may split the text's end otherwise)
-
-
-def _likeliest_chain(tree: DraftTree) -> list[int]:
-    chain, parent = [], -1
-    while kids := tree.children()[parent + 1]:
-        parent = max(kids, key=lambda k: tree.accept_probs[k])
-        chain.append(tree.tokens[parent])
-    return chain
+    chain = [known.tokens[i] for i in _likeliest_path(known)]
+    # (its last token aside: SLEM may split the end of a shorter text otherwise)
+    assert [full.tokens[i] for i in _likeliest_path(full)][: len(chain) - 1] == chain[:-1]
 
 
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
