@@ -327,7 +327,8 @@ class HybridDrafter:
         retrieved = retrieval.propose().after(path)
         drafted = DraftTree.empty()
         expected = sum(retrieved.accept_probs or ())
-        behind_ms = math.inf if model.reading else model.behind_ms(path)  # no draft comes while it reads
+        # What the model would read before drafting (none comes while it reads); a tree ahead has it read nothing
+        behind_ms = 0.0 if ahead else math.inf if model.reading else model.behind_ms(path)
         explore_ms = self._explore_ms.copy()
         mode, bucket = self._model_round(expected, behind_ms, ahead)
         if mode == DRAFT and ahead:  # what it computed during the passes, no forward now (see the docstring)
