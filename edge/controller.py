@@ -4,7 +4,6 @@ whether to send a second tree ahead of the verdict in flight over a long round t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -55,8 +54,8 @@ class TreeSizeController:
         probs = draft.accept_probs[:cap]
         return best_tree_size(probs, cost.table(len(probs)), overhead_ms=self.overhead_ms, most_tokens=remaining)
 
-    def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int, beyond: bool = False,
-              fresh: Sequence[tuple[DraftTree | None, float]] | None = None) -> int | None:
+    def ahead(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int, beyond: bool = False
+              ) -> int | None:
         """Nodes of `draft` to send ahead of the verdict in flight (None: wait for it instead). The verifier
         verifies what is left of them once that verdict is committed and answers a pass after it, where
         waiting would answer a round trip and a pass after it: a tree ahead keeps the verifier busy during
@@ -75,11 +74,7 @@ class TreeSizeController:
         verifier drafts for a tree with nothing left (`fill`), such a tree is worth its pass's token plus what
         that draft commits: what this one promises (the verifier drafts from the same text, by the same
         rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
-        such promises (under load it sizes them down; in a new session its estimates start from priors).
-        `fresh`: the ways a drafter that knows them may draft after the verdict, each what the draft would hold
-        (None: what this one holds, as above) and the ms its drafting would add to the round (a hybrid whose
-        model drafts the tree ahead: retrieval's part at once, or with the model, after it drafts:
-        HybridDrafter.waiting); waiting is priced by the best of them."""
+        such promises (under load it sizes them down; in a new session its estimates start from priors)."""
         if not self.overlap:
             return None
         # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
@@ -88,8 +83,7 @@ class TreeSizeController:
         if draft.accept_probs is None:  # nothing to price it by: ahead when the trip outlasts the pass
             wait = self.choose(own, cost, remaining)
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
-        waiting, promised, wait = max(self._waiting(own if tree is None else tree, ms, cost, remaining)
-                                      for tree, ms in (fresh or [(None, 0.0)]))
+        waiting, promised, wait = self._waiting(own, cost, remaining)
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
         ahead = self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0)[1]
         if self.fill:
@@ -100,13 +94,12 @@ class TreeSizeController:
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered)[0]
 
-    def _waiting(self, fresh: DraftTree, drafting_ms: float, cost: CostModel, remaining: int
-                 ) -> tuple[float, float, int]:
-        """(expected tokens per ms, tokens promised, nodes sent) of waiting for the verdict, then drafting
-        `fresh` in `drafting_ms` and sending what `choose` takes of it."""
+    def _waiting(self, fresh: DraftTree, cost: CostModel, remaining: int) -> tuple[float, float, int]:
+        """(expected tokens per ms, tokens promised, nodes sent) of waiting for the verdict, then sending what
+        `choose` takes of `fresh`."""
         wait = self.choose(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        return min(remaining, 1.0 + promised) / (self.overhead_ms + drafting_ms + cost.ms(wait)), promised, wait
+        return min(remaining, 1.0 + promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int
                     ) -> tuple[int, float]:

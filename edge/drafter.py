@@ -14,8 +14,7 @@ class Drafter(Protocol):
     # Optional: `hints_top_k` (hints_wanted, below); `propose_after(path)`: a draft hanging below `path`
     # (target ids) as if it were committed, to send ahead of a verdict that most likely commits it
     # (edge/generation.py). The generation may not send it (the controller holds it back); `propose` is
-    # called only with nothing in flight. `waiting()`: the ways it may draft after that verdict, what
-    # each would hold and the ms it adds, where that differs from its last `propose_after` (HybridDrafter.waiting).
+    # called only with nothing in flight.
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         """A new generation starts from these prompt tokens, sampled with `params` (None: greedy)."""

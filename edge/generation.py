@@ -200,9 +200,7 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
     if propose_after is not None:
         path = _likeliest_path(left)
         draft = _below(left, path, propose_after([left.tokens[i] for i in path]))
-        waiting = getattr(drafter, "waiting", None)  # how it would draft after the verdict, where it knows
-        size = controller.ahead(draft, session.cost_model(), remaining, len(path), beyond=True,
-                                fresh=waiting() if waiting is not None else None)
+        size = controller.ahead(draft, session.cost_model(), remaining, len(path), beyond=True)
     else:
         draft = drafter.propose() if draft is None else draft
         size = controller.ahead(draft, session.cost_model(), remaining, len(left))

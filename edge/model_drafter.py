@@ -18,7 +18,7 @@ being verified, `speculate` computes the logits the next round most likely needs
 verdicts and bonus tokens): when the verdict is one of them, the next round's first levels cost nothing.
 Logits are kept by the exact token sequence they follow, so a reused one is the one a fresh forward would
 give, and what is drafted from it, sampled drafts included, is unchanged. A draft may be made of such logits
-alone (`known_only`: the hybrid's trees sent ahead, which must not wait on a forward).
+alone (`known_only`: the hybrid's part of a tree, which must not wait on a forward).
 """
 
 from __future__ import annotations
@@ -74,22 +74,17 @@ class ModelDrafter:
         self.params = SamplingParams()
         self._context: list[int] = []
         self._uncommitted: list[int] = []  # target ids observed but not yet given to the bridge (see context)
-        self._ids_per_target = 1.0  # drafter ids per committed target id, lately (behind_ms's estimate)
         self._logits: dict[tuple[int, ...], np.ndarray] = {}  # drafter ids -> the next-token logits after them
         self.round_ms: float | None = None  # a round besides drafting: pass, queue, network
         self.token_ms: float | None = None  # one drafter forward
         self.read_ms: float | None = None  # per committed token, read in CATCH_UP_BATCH forwards
         self._prefilled = False  # this generation's first round (the prompt's prefill) has been answered
-        self._alongside = 0.0  # propose()'s `alongside`, for this round's depth rule
         self._known_only = False  # propose()'s `known_only`
         self._reader: threading.Thread | None = None  # reads the prompt into the model's cache
         self._stop_reading = threading.Event()  # the current reader's own (a stopped one may still be ending)
         self._read_error: BaseException | None = None
 
-    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None, read: bool = True) -> None:
-        """`read`: start reading the prompt now; otherwise the first round that drafts or speculates starts
-        it (the hybrid's model, which rests where it does not pay: reading a long prompt beside a verifier
-        on the same machine slows its passes)."""
+    def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         # What was read of the last prompt stays cached. A reader still on it ends its batch while this
         # generation begins (waiting here cost ~150 ms a generation); the model is not used until it has.
         self._stop_reader(wait=False)
@@ -98,7 +93,7 @@ class ModelDrafter:
         self.calibration.generation.begin()
         self._logits.clear()
         self._prefilled = False
-        if read and self.prefill_in_background and self.context:
+        if self.prefill_in_background and self.context:
             self._start_reader()
 
     def _start_reader(self) -> None:
@@ -111,9 +106,8 @@ class ModelDrafter:
 
     def _reading_backlog(self) -> bool:
         """Whether the model is reading committed text in the background: it starts to when more is unread
-        than one verifier pass could read in catch-up forwards (a prompt it did not read at begin, or what a
-        resting model missed), and reads it in the prompt's large batches, its rounds going out without
-        model drafts meanwhile."""
+        than one verifier pass could read in catch-up forwards (a long verdict it did not speculate through),
+        and reads it in the prompt's large batches, its rounds going out without model drafts meanwhile."""
         if not self.ready(timeout=0):
             return True
         if not self.prefill_in_background or not self.context:
@@ -160,11 +154,10 @@ class ModelDrafter:
             self._reader = None
         self._read_error = None
 
-    def propose(self, alongside: float = 0.0, known_only: bool = False) -> DraftTree:
-        """`alongside`: the tokens the round is expected to commit through another drafter's nodes (the
-        hybrid's retrieval): a round that commits more anyway makes each drafted token worth less.
-        `known_only`: draft only from logits computed already (by `speculate`), running no forward now."""
-        self._alongside, self._known_only = alongside, known_only
+    def propose(self, known_only: bool = False) -> DraftTree:
+        """`known_only`: draft only from logits computed already (by `speculate`), running no forward now (the
+        hybrid's part of a tree, edge/hybrid.py)."""
+        self._known_only = known_only
         if self._reading_backlog():
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
         if not self.context or (self.bridge.cross and self.bridge.pending) or (known_only and not self._known([])):
@@ -175,16 +168,16 @@ class ModelDrafter:
             nodes, proposals = self._sampled()
         return self._best_first(nodes, proposals)
 
-    def propose_after(self, path: list[int], alongside: float = 0.0, known_only: bool = False) -> DraftTree:
+    def propose_after(self, path: list[int], known_only: bool = False) -> DraftTree:
         """A draft hanging off `path` (target ids) as if it were committed next: over a long round trip, the
         tree to send ahead of a verdict that most likely commits `path` (edge/generation.py). The model
         drafts as deep beyond it as from the committed end; what it read of `path` stays cached."""
         context = self.context
         if not path or not context:
-            return self.propose(alongside, known_only)
+            return self.propose(known_only)
         self._context = self.bridge.preview(path)
         try:
-            return self.propose(alongside, known_only)
+            return self.propose(known_only)
         finally:
             self._context = context
 
@@ -202,13 +195,10 @@ class ModelDrafter:
     @property
     def context(self) -> list[int]:
         """The drafter's ids for the committed text. observe() only notes the verdict's tokens: the bridge
-        re-tokenises them (a cross-vocabulary one costs ~0.3 ms a round) when the context is next wanted, so a
-        hybrid's resting model costs its rounds nothing and catches up on many rounds at once."""
+        re-tokenises them (a cross-vocabulary one costs ~0.3 ms a round) when the context is next wanted, and
+        then the tokens of every round since at once."""
         if self._uncommitted:
-            before = len(self._context)
             self._context = self.bridge.commit(self._uncommitted)
-            added = max(len(self._context) - before, 0)  # (re-tokenising may merge ids with those before)
-            self._ids_per_target = moving_average(self._ids_per_target, added / len(self._uncommitted))
             self._uncommitted = []
             known = tuple(self._context)
             self._logits = {k: v for k, v in self._logits.items() if k[: len(known)] == known}
@@ -217,26 +207,6 @@ class ModelDrafter:
     def end(self) -> None:
         self._stop_reader(wait=False)  # the rest of this prompt is of no use to the next
         self._logits.clear()
-
-    def behind_ms(self, path: list[int] = ()) -> float:
-        """The time a draft now would spend reading committed text first (what it did not read ahead during
-        the pass, such as the verdict's tokens beyond those it expected), and `path` (target ids) for a draft
-        beyond it (propose_after); 0 while the prompt is still being read in the background (no draft comes
-        then)."""
-        if self.reading:
-            return 0.0
-        if len(self.model.tokens) <= len(self._context) and (self._uncommitted or path):
-            # The model read nothing past the committed text: what observe() noted since and the path are all
-            # unread, counted in drafter ids at the recent rate (asking must not cost the re-tokenising that
-            # context does)
-            noted = len(self._uncommitted) + len(path)
-            unread = self._unread(self._context) + round(noted * self._ids_per_target)
-        else:
-            unread = self._unread(self.bridge.preview([*self._uncommitted, *path]) if path else None)
-        if not unread:
-            return 0.0
-        one_forward = self.token_ms or 0.0
-        return max(one_forward, unread * (self.read_ms or one_forward))
 
     def _unread(self, sequence: list[int] | None = None) -> int:
         """Tokens (drafter ids) of `sequence` (the committed ones by default) the model's cache lacks."""
@@ -299,14 +269,14 @@ class ModelDrafter:
     # --- drafting -----------------------------------------------------------------------------------
     def _worth_deeper(self, path: float, expected: float, drafted: int, free: bool = False) -> bool:
         """Is one more drafted token worth its time? It adds about `path` expected tokens to a round that
-        commits `expected` (the bonus included; plus what other drafters' nodes commit) in round_ms + drafted
+        commits `expected` (the bonus included) in round_ms + drafted
         * token_ms; drafting it pays when path / token_ms beats the round's rate. `free`: its logits are
         known already (speculated)."""
         if path < MIN_PATH or (self._known_only and not free):
             return False
         token_ms = 0.0 if free else (self.token_ms or 0.0)
         round_ms = ROUND_MS_PRIOR if self.round_ms is None else self.round_ms
-        return path * (round_ms + drafted * token_ms) > (expected + self._alongside) * token_ms
+        return path * (round_ms + drafted * token_ms) > expected * token_ms
 
     def _next_logits(self, sequence: list[int]) -> np.ndarray:
         """The drafter's logits after `sequence` (drafter ids), computed once per sequence."""

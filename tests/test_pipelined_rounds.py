@@ -401,7 +401,7 @@ class AlwaysAhead(TreeSizeController):
     def choose(self, draft, cost, remaining) -> int:
         return len(draft)
 
-    def ahead(self, draft, cost, remaining, covered, beyond=False, fresh=None) -> int:
+    def ahead(self, draft, cost, remaining, covered, beyond=False) -> int:
         return len(draft)
 
 
@@ -455,20 +455,20 @@ class TrueContinuation:
     continuation of what it was told is committed (beyond `path` for a tree ahead), then `wrong` tokens that
     are not, estimates `confidence`^d; records every verdict it is told of."""
 
-    reading, token_ms, hints_top_k = False, None, 0
+    hints_top_k = 0
 
     def __init__(self, reference: list[int], depth: int, wrong: int = 0, confidence: float = 0.9) -> None:
         self.reference, self.depth, self.wrong, self.confidence = reference, depth, wrong, confidence
         self.committed: list[int] = []
         self.told: list[tuple[DraftTree, object]] = []
 
-    def begin(self, prompt_ids, params=None, read: bool = True) -> None:
+    def begin(self, prompt_ids, params=None) -> None:
         self.committed = []
 
-    def propose(self, alongside: float = 0.0) -> DraftTree:
+    def propose(self, known_only: bool = False) -> DraftTree:
         return self.propose_after([])
 
-    def propose_after(self, path: list[int], alongside: float = 0.0, known_only: bool = False) -> DraftTree:
+    def propose_after(self, path: list[int], known_only: bool = False) -> DraftTree:
         n = len(self.committed) + len(path)
         tokens = self.reference[n : n + self.depth]
         tokens += [(t + 1) % V for t in self.reference[n + len(tokens) : n + len(tokens) + self.wrong]]
@@ -479,11 +479,8 @@ class TrueContinuation:
         self.told.append((tree, result))
         self.committed += result.tokens
 
-    def speculate(self, stop, steps: int = 0, then=()) -> None:
+    def speculate(self, stop, then=()) -> None:
         pass
-
-    def behind_ms(self, path=()) -> float:
-        return 0.0
 
     def learn(self) -> None:
         pass

@@ -155,21 +155,6 @@ def test_a_draft_beyond_the_likeliest_path_in_flight_goes_ahead_when_that_path_i
     assert far.ahead(beyond_path([0.6, 0.35, 0.2, 0.1], 0.9), LINEAR, 1000, covered=4, beyond=True) is None
 
 
-def test_a_draft_beyond_an_unlikely_path_goes_ahead_where_waiting_would_get_less():
-    """Beyond an unlikely path a confident draft waits for the verdict, priced as one drafted after it would
-    be. Where the drafter says a draft after the verdict would hold less (a hybrid whose model drafts trees
-    ahead but not rounds of its own: its retrieval's part, here nothing), or would take long to draft (the
-    hybrid's model), the tree goes ahead; waiting is priced by the best way the drafter offers."""
-    far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
-    draft = beyond_path([0.6, 0.35, 0.2, 0.1], 0.9)
-    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None
-    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True, fresh=[(None, 0.0)]) is None
-    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True, fresh=[(DraftTree.empty(), 0.0)]) is not None
-    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True, fresh=[(None, 400.0)]) is not None
-    assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True,
-                     fresh=[(DraftTree.empty(), 0.0), (None, 0.0)]) is None
-
-
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
     fixed = TreeSizeController(max_nodes=64, overhead_ms=80, fixed=8)
     assert fixed.ahead(chain(0.95), LINEAR, remaining=1000, covered=6) == 6 + 8
