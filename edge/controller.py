@@ -4,7 +4,6 @@ whether to send a second tree ahead of the verdict in flight over a long round t
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from specedge.common.cost_model import CostModel
