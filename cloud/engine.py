@@ -95,10 +95,9 @@ class Engine:
         `n` prompt tokens of each (sequence, n) in `chunks` (a long prefill split across steps: no verdict,
         at least its last prompt token left for the step that verifies its tree); commit verdicts."""
         verdicts = []
-        logits = self.forward(work, chunks)
-        hints = self._hints(work, logits)
-        for (seq, tree), (host_rows, argmax), seq_hints in zip(work, self._on_host(work, logits), hints):
-            verdict = verify_tree(tree, host_rows, seq.params, seq.draws, len(seq.token_ids), argmax)
+        rows, hints = self._verdict_rows(work, chunks)
+        for (seq, tree), (logits, argmax), seq_hints in zip(work, rows, hints):
+            verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids), argmax)
             verdict.hints = seq_hints
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
@@ -114,16 +113,43 @@ class Engine:
 
         Every sequence must be committed (see `commit`) before its next forward.
         """
+        if not work and not chunks:
+            return []
+        batch, logits_rows = self._device_batch(work, chunks)
+        logits = self._forward(batch, self.pool, logits_rows)
+        return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+
+    def _verdict_rows(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
+                      ) -> tuple[list[tuple[torch.Tensor | None, torch.Tensor | None]], list[Hints | None]]:
+        """The pass: per sequence of `work`, (logits, argmax) on the CPU for its verdict, and its hints. On the
+        CPU a greedy sequence without hints gets its rows' argmax alone, from the output layer's int8 argmax
+        (cloud/int8_argmax.py); the others get logits. Off the CPU, see `_on_host`."""
+        if self.device.type != "cpu":
+            logits = self.forward(work, chunks)
+            return self._on_host(work, logits), self._hints(work, logits)
+        if not work and not chunks:
+            return [], []
+        batch, rows = self._device_batch(work, chunks)
+        hidden = self.runner.hidden(batch, self.pool, rows)
+        if not work:
+            return [], []
+        hidden = hidden.split([len(tree) + 1 for _, tree in work])
+        argmax_only = [seq.params.greedy and not seq.hints_top_k for seq, _ in work]
+        head = self.runner.lm_head
+        argmax = iter(_by_parts(head.argmax, [h for h, only in zip(hidden, argmax_only) if only]))
+        logits = iter(_by_parts(head.logits, [h for h, only in zip(hidden, argmax_only) if not only]))
+        pairs = [(None, next(argmax)) if only else (next(logits), None) for only in argmax_only]
+        return pairs, self._hints(work, [rows for rows, _ in pairs])
+
+    def _device_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
+                      ) -> tuple[StepBatch, torch.Tensor]:
+        """The step's batch and its logits rows, on the engine's device."""
         for seq, n in chunks:
             if not 0 < n < len(seq.token_ids) - seq.num_cached:
                 raise ValueError(f"a prefill chunk of {n} tokens must leave the last of the "
                                  f"{len(seq.token_ids) - seq.num_cached} uncomputed ones for the verdict")
-        if not work and not chunks:
-            return []
         batch, logits_rows = self._host_batch(work, chunks)
-        batch, logits_rows = batch.to(self.device, logits_rows)
-        logits = self._forward(batch, self.pool, logits_rows)
-        return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+        return batch.to(self.device, logits_rows)
 
     def _host_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]] = ()
                     ) -> tuple[StepBatch, torch.Tensor]:
@@ -219,3 +245,8 @@ class Engine:
         self.pool.truncate(seq.seq_id, seq.num_cached)
         self.pool.commit(seq.seq_id, seq.token_ids[: seq.num_cached])
 
+
+
+def _by_parts(f, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """f over the parts' rows together (one pass over the output layer's weight), split back per part."""
+    return list(f(torch.cat(parts)).split([len(p) for p in parts])) if parts else []

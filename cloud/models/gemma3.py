@@ -16,6 +16,7 @@ from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rop
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear, linear
 from specedge.cloud.models.compiled import LayerParts
+from specedge.cloud.output_layer import OutputLayer
 
 
 @dataclass
@@ -61,13 +62,12 @@ class Gemma3Runner:
         self.eps = cfg.rms_norm_eps
         self.scale = cfg.query_pre_attn_scalar**-0.5
         self.sliding_window = cfg.sliding_window
-        self.softcap = cfg.final_logit_softcapping
         self.rope_base = {t: r["rope_theta"] for t, r in cfg.rope_parameters.items()}
         m = hf_model.model
         self.embed = m.embed_tokens.weight
         self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.embed.dtype, device=self.embed.device)
         self.norm = norm_scale(m.norm.weight)
-        self.lm_head = Linear(hf_model.lm_head.weight)
+        self.lm_head = OutputLayer(hf_model.lm_head.weight, cfg.final_logit_softcapping)
         self.layers = []
         for i, l in enumerate(m.layers):
             a = l.self_attn
@@ -97,6 +97,12 @@ class Gemma3Runner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
         """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
+        return self.lm_head.logits(self.hidden(batch, pool, logits_rows))
+
+    @torch.inference_mode()
+    def hidden(self, batch: StepBatch, pool: KVBlockPool, rows: torch.Tensor) -> torch.Tensor:
+        """Run the new tokens of `batch`; return the final (normed) hidden states [len(rows), D] of `rows`, what
+        the output layer (`lm_head`) takes."""
         x = F.embedding(batch.input_ids, self.embed) * self.embed_scale
         rope = {
             kind: rope_cos_sin(batch.positions, self.head_dim, self.rope_base[f"{kind}_attention"], x.dtype)
@@ -111,10 +117,7 @@ class Gemma3Runner:
             attn = paged_attention(q, k, v, i, pool, batch, self.scale, window)
             x = parts.mlp_residual(x, attn, w(layer.wo), layer.post_attn_norm, layer.pre_mlp_norm, w(layer.w_gate_up),
                                    w(layer.w_down), layer.post_mlp_norm, self.eps)
-        logits = self.lm_head(gemma_rms_norm(x[logits_rows], self.norm, self.eps))
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return gemma_rms_norm(x[rows], self.norm, self.eps)
 
 
 def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: Linear | torch.Tensor, q_norm: torch.Tensor,

@@ -11,6 +11,7 @@ from specedge.cloud.attention import StepBatch, apply_rope, paged_attention, rop
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.linear import Linear, linear
 from specedge.cloud.models.compiled import LayerParts
+from specedge.cloud.output_layer import OutputLayer
 
 
 @dataclass
@@ -49,7 +50,7 @@ class LlamaRunner:
         m = hf_model.model
         self.embed = m.embed_tokens.weight
         self.norm = m.norm.weight
-        self.lm_head = Linear(hf_model.lm_head.weight)
+        self.lm_head = OutputLayer(hf_model.lm_head.weight)
         self.layers = [
             LlamaLayer(
                 attn_norm=l.input_layernorm.weight,
@@ -75,6 +76,12 @@ class LlamaRunner:
     @torch.inference_mode()
     def forward(self, batch: StepBatch, pool: KVBlockPool, logits_rows: torch.Tensor) -> torch.Tensor:
         """Run the new tokens of `batch`; return logits [len(logits_rows), V] for the selected rows."""
+        return self.lm_head.logits(self.hidden(batch, pool, logits_rows))
+
+    @torch.inference_mode()
+    def hidden(self, batch: StepBatch, pool: KVBlockPool, rows: torch.Tensor) -> torch.Tensor:
+        """Run the new tokens of `batch`; return the final (normed) hidden states [len(rows), D] of `rows`, what
+        the output layer (`lm_head`) takes."""
         x = F.embedding(batch.input_ids, self.embed)
         cos, sin = rope_cos_sin(batch.positions, self.head_dim, self.rope_base, x.dtype)
         parts, w = self.parts, self.parts.weight
@@ -84,8 +91,7 @@ class LlamaRunner:
             attn = paged_attention(q, k, v, i, pool, batch, self.scale)
             x = parts.mlp_residual(x, attn, w(layer.wo), layer.mlp_norm, w(layer.w_gate_up), w(layer.w_down),
                                    self.eps)
-        x = rms_norm(x[logits_rows], self.norm, self.eps)
-        return self.lm_head(x)
+        return rms_norm(x[rows], self.norm, self.eps)
 
 
 def attention_inputs(x: torch.Tensor, norm: torch.Tensor, wqkv: Linear | torch.Tensor, cos: torch.Tensor,

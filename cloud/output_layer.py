@@ -1,0 +1,63 @@
+"""A model's output layer: the logits of the rows that need them, only the argmax of the rows that need no more.
+
+Greedy verification without hints needs each row's argmax alone; on the CPU that comes from the int8 argmax
+(cloud/int8_argmax.py: exact, a quarter of the bytes), built when first asked for and shared by every layer
+over the same weight (tests and benchmarks build many engines from one loaded model).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+from specedge.cloud.int8_argmax import MAX_ROWS, Int8Argmax
+from specedge.cloud.linear import Linear
+
+# id(weight) -> its int8 argmax, while some layer holds it
+_shared: weakref.WeakValueDictionary[int, Int8Argmax] = weakref.WeakValueDictionary()
+_building = threading.Lock()
+
+
+class OutputLayer:
+    def __init__(self, weight: torch.Tensor, softcap: float | None = None) -> None:
+        self.weight = weight
+        self.linear = Linear(weight)
+        self.softcap = softcap
+        self._fast: Int8Argmax | None = None
+        self._fast_for: int | None = None  # the weight's _version the int8 argmax was built for (or found missing)
+
+    @property
+    def packed(self) -> bool:
+        return self.linear.packed
+
+    @torch.inference_mode()
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[N, V] logits for final hidden states h [N, D] (normed)."""
+        logits = self.linear(h)
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    @torch.inference_mode()
+    def argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """argmax(self.logits(h), -1), computed as cheaply as the rows' number allows."""
+        fast = self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
+        return fast(h) if fast is not None else self.logits(h).argmax(-1)
+
+    def _int8_argmax(self) -> Int8Argmax | None:
+        # Only for a plain float32 CPU layer: softcapping in float32 can tie logits that differ, and the
+        # tie-break would then depend on which were computed.
+        if not self.packed or self.softcap is not None:
+            return None
+        version = self.weight._version  # changed by in-place writes: the int8 copy would be stale
+        if self._fast_for != version:
+            with _building:
+                fast = _shared.get(id(self.weight))
+                if fast is None or fast.weight is not self.weight or fast.version != version:
+                    fast = Int8Argmax.build(self.weight)
+                    if fast is not None:
+                        _shared[id(self.weight)] = fast
+            self._fast, self._fast_for = fast, version
+        return self._fast
