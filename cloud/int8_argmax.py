@@ -26,6 +26,7 @@ import torch
 
 LEVELS = 63  # |q| <= 63: 7-bit activations, as fbgemm quantises them without VNNI (reduce_range)
 MAX_ROWS = 12  # beyond, the int8 kernel (2 rows per row) costs as much as float32: 65 ms for 25 rows against 125
+FEW = 8192  # tokens recomputed in float32 at most, per row: a 21 MB gather at D = 640, a quarter of the int8 read
 _ROUNDING = 4 * torch.finfo(torch.float32).eps  # per summed term, far above what float32 dot products lose
 _CHUNK = 8192  # rows of W quantised at a time: no full-size float temporaries
 
@@ -81,7 +82,9 @@ class Int8Argmax:
 
     @torch.inference_mode()
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """argmax(h @ weight.T, -1) for h [N, D] float32 with N <= MAX_ROWS, the lowest id on an exact tie."""
+        """argmax(h @ weight.T, -1) for h [N, D] float32 with N <= MAX_ROWS, the lowest id on an exact tie; -1
+        for a row whose distribution is so flat that more than FEW tokens are within the bound of its best
+        (rare on real text: after random tokens), which the float32 layer then decides faster."""
         n = len(h)
         s1 = (h.abs().amax(1, keepdim=True) / LEVELS).clamp_min(torch.finfo(torch.float32).tiny)
         q1 = (h / s1).round()
@@ -97,10 +100,13 @@ class Int8Argmax:
         top, top_id = approx.max(1)
         lower = top - (a * self.norms[top_id] + b * self.err[top_id])  # the best token's logit is at least this
         widest = a * self.max_norm + b * self.max_err
-        best = torch.empty(n, dtype=torch.long)
+        best = torch.full((n,), -1, dtype=torch.long)
         for r in range(n):
             ids = (approx[r] >= lower[r] - widest[r]).nonzero().squeeze(1)
+            if len(ids) > FEW:  # the widest token's bound is too wide here: every token's own, over the row
+                ids = (torch.addcmul(approx[r] + a[r] * self.norms, self.err, b[r]) >= lower[r]).nonzero().squeeze(1)
             ids = ids[approx[r, ids] + a[r] * self.norms[ids] + b[r] * self.err[ids] >= lower[r]]
-            exact = (self.weight.detach()[ids] * h[r]).sum(1)  # not a gemv: equal rows must give equal sums
-            best[r] = ids[exact.argmax()]
+            if len(ids) <= FEW:  # else a flat distribution: left to float32
+                exact = (self.weight.detach()[ids] * h[r]).sum(1)  # not a gemv: equal rows must give equal sums
+                best[r] = ids[exact.argmax()]
         return best

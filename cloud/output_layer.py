@@ -44,7 +44,13 @@ class OutputLayer:
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
         """argmax(self.logits(h), -1), computed as cheaply as the rows' number allows."""
         fast = self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
-        return fast(h) if fast is not None else self.logits(h).argmax(-1)
+        if fast is None:
+            return self.logits(h).argmax(-1)
+        best = fast(h)
+        unsettled = best < 0
+        if unsettled.any():
+            best[unsettled] = self.logits(h[unsettled]).argmax(-1)
+        return best
 
     def _int8_argmax(self) -> Int8Argmax | None:
         # Only for a plain float32 CPU layer: softcapping in float32 can tie logits that differ, and the

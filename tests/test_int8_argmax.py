@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specedge.cloud.int8_argmax import MAX_ROWS, Int8Argmax
+from specedge.cloud.int8_argmax import FEW, MAX_ROWS, Int8Argmax
 from specedge.cloud.linear import Linear
 from specedge.cloud.output_layer import OutputLayer
 
@@ -92,3 +92,15 @@ def test_many_rows_use_the_float32_layer():
     h = hidden_like_a_model(MAX_ROWS + 5, 32, g)
     assert torch.equal(layer.argmax(h), layer.logits(h).argmax(-1))
     assert layer._fast is None  # not even built
+
+
+def test_a_row_too_flat_to_settle_cheaply_is_left_to_float32():
+    """When more than FEW tokens lie within the bound of the best (all weights alike here), rescoring them
+    would cost more than the float32 layer: the row comes back unsettled and the output layer decides it."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(1, 32, generator=g) * 0.05
+    weight = base + torch.randn(FEW + 500, 32, generator=g) * 1e-6  # far below an int8 step of any row
+    h = hidden_like_a_model(2, 32, g)
+    assert Int8Argmax.build(weight)(h).tolist() == [-1, -1]
+    layer = OutputLayer(weight)
+    assert torch.equal(layer.argmax(h), layer.logits(h).argmax(-1))
