@@ -139,7 +139,7 @@ class Engine:
         argmax = iter(_by_parts(head.argmax, [h for h, only in zip(hidden, argmax_only) if only]))
         logits = iter(_by_parts(head.logits, [h for h, only in zip(hidden, argmax_only) if not only]))
         pairs = [(None, next(argmax)) if only else (next(logits), None) for only in argmax_only]
-        return pairs, self._hints(work, [rows for rows, _ in pairs])
+        return pairs, self._hints(work, [seq_logits for seq_logits, _ in pairs])
 
     def _device_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
                       ) -> tuple[StepBatch, torch.Tensor]:
@@ -244,7 +244,6 @@ class Engine:
         seq.token_ids.extend(verdict.tokens)
         self.pool.truncate(seq.seq_id, seq.num_cached)
         self.pool.commit(seq.seq_id, seq.token_ids[: seq.num_cached])
-
 
 
 def _by_parts(f, parts: list[torch.Tensor]) -> list[torch.Tensor]:

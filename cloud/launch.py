@@ -47,9 +47,10 @@ def load_served_model(config: ServerConfig, hf_and_tokenizer=None) -> ServedMode
     engine = Engine.from_hf_model(hf, kv_pool_bytes=config.kv_pool_mb << 20, device=device, dtype=dtype,
                                   compile_layers=compiled)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    int8_argmax = engine.runner.lm_head.prepare()  # not in the first greedy request's time
     logging.getLogger("specedge.server").info(json.dumps({"event": "engine", "device": where,
                                                           "dtype": str(dtype).removeprefix("torch."),
-                                                          "compiled": engine.compiled}))
+                                                          "compiled": engine.compiled, "int8_argmax": int8_argmax}))
     if tokenizer is None:
         return ServedModel(engine, eos_token_ids(hf), "no-tokenizer")
     fingerprint = tokenizer_fingerprint(tokenizer.get_vocab(), tokenizer.special_tokens_map)
