@@ -122,8 +122,9 @@ class Engine:
     def _verdict_rows(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
                       ) -> tuple[list[tuple[torch.Tensor | None, torch.Tensor | None]], list[Hints | None]]:
         """The pass: per sequence of `work`, (logits, argmax) on the CPU for its verdict, and its hints. On the
-        CPU a greedy sequence without hints gets its rows' argmax alone, from the output layer's int8 argmax
-        (cloud/int8_argmax.py); the others get logits. Off the CPU, see `_on_host`."""
+        CPU a greedy sequence gets its rows' argmax alone, from the output layer's int8 argmax
+        (cloud/int8_argmax.py), and its hints from the same (`OutputLayer.argmax_and_hints`); a sampling one
+        gets logits. Off the CPU, see `_on_host`."""
         if self.device.type != "cpu":
             logits = self.forward(work, chunks)
             return self._on_host(work, logits), self._hints(work, logits)
@@ -134,12 +135,29 @@ class Engine:
         if not work:
             return [], []
         hidden = hidden.split([len(tree) + 1 for _, tree in work])
-        argmax_only = [seq.params.greedy and not seq.hints_top_k for seq, _ in work]
         head = self.runner.lm_head
-        argmax = iter(_by_parts(head.argmax, [h for h, only in zip(hidden, argmax_only) if only]))
-        logits = iter(_by_parts(head.logits, [h for h, only in zip(hidden, argmax_only) if not only]))
-        pairs = [(None, next(argmax)) if only else (next(logits), None) for only in argmax_only]
-        return pairs, self._hints(work, [seq_logits for seq_logits, _ in pairs])
+        pairs: list = [None] * len(work)
+        hints: list[Hints | None] = [None] * len(work)
+        groups: dict[int | None, list[int]] = {}  # greedy sessions by their hints' k (0: none), None: sampling
+        for i, (seq, _) in enumerate(work):
+            groups.setdefault(seq.hints_top_k if seq.params.greedy else None, []).append(i)
+        for k, members in groups.items():
+            rows, sizes = torch.cat([hidden[i] for i in members]), [len(hidden[i]) for i in members]
+            if k is None:
+                logits = head.logits(rows).split(sizes)
+                for i, seq_logits in zip(members, logits):
+                    pairs[i] = seq_logits, None
+                for i, seq_hints in zip(members, self._hints([work[i] for i in members], list(logits))):
+                    hints[i] = seq_hints
+                continue
+            argmax, together = head.argmax_and_hints(rows, k) if k else (head.argmax(rows), None)
+            at = 0
+            for i, seq_argmax in zip(members, argmax.split(sizes)):
+                pairs[i] = None, seq_argmax
+                if together is not None:
+                    hints[i] = Hints(together.ids[at : at + len(seq_argmax)], together.probs[at : at + len(seq_argmax)])
+                at += len(seq_argmax)
+        return pairs, hints
 
     def _device_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
                       ) -> tuple[StepBatch, torch.Tensor]:
@@ -244,8 +262,3 @@ class Engine:
         seq.token_ids.extend(verdict.tokens)
         self.pool.truncate(seq.seq_id, seq.num_cached)
         self.pool.commit(seq.seq_id, seq.token_ids[: seq.num_cached])
-
-
-def _by_parts(f, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-    """f over the parts' rows together (one pass over the output layer's weight), split back per part."""
-    return list(f(torch.cat(parts)).split([len(p) for p in parts])) if parts else []

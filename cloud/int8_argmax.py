@@ -5,7 +5,8 @@ The output layer is a small model's largest matrix (Gemma 3 270M: 262k x 640, 67
 about 40% of a pass. Greedy verification needs only each row's argmax. Here fbgemm's int8 kernel reads a
 per-row int8 copy of W (21 ms for 3 rows, 44 ms for 17), every token's logit is bounded around that
 approximation, and only the few tokens (tens) whose upper bound reaches the best lower bound are computed
-again, exactly, from W in float32.
+again, exactly, from W in float32. The k largest logits (a greedy session's hints) come the same way, from
+the tokens whose upper bound reaches the lowest lower bound of the k likeliest.
 
 The bound, for a row h and a token j:
 - h = s1 q1 + s2 q2 + d, with q1, q2 integer vectors in [-63, 63] (fbgemm's activations are 7-bit on CPUs
@@ -85,6 +86,14 @@ class Int8Argmax:
         """argmax(h @ weight.T, -1) for h [N, D] float32 with N <= MAX_ROWS, the lowest id on an exact tie; -1
         for a row whose distribution is so flat that more than FEW tokens are within the bound of its best
         (rare on real text: after random tokens), which the float32 layer then decides faster."""
+        ids, _, _ = self.top_k(h, 1)
+        return ids[:, 0]
+
+    @torch.inference_mode()
+    def top_k(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each row's k largest logits of h @ weight.T, exact, largest first (lower ids first on ties): (ids [N, k],
+        logits [N, k], every token's logit with the int8 approximation where not computed exactly [N, V]);
+        ids -1 for a row left to float32 (see __call__)."""
         n = len(h)
         s1 = (h.abs().amax(1, keepdim=True) / LEVELS).clamp_min(torch.finfo(torch.float32).tiny)
         q1 = (h / s1).round()
@@ -95,18 +104,23 @@ class Int8Argmax:
         out = torch.ops.quantized.linear_dynamic(torch.cat([q1, q2, self._pin]), self.packed, True)
         approx = torch.addcmul(out[:n] * s1, out[n : 2 * n], s2)
         # bound_j = a * ||w_j|| + b * ||e_j||, per row
-        a = (h - x).norm(dim=1) + self.margin * h.norm(dim=1)
-        b = x.norm(dim=1)
-        top, top_id = approx.max(1)
-        lower = top - (a * self.norms[top_id] + b * self.err[top_id])  # the best token's logit is at least this
-        widest = a * self.max_norm + b * self.max_err
-        best = torch.full((n,), -1, dtype=torch.long)
+        a = (h - x).norm(dim=1, keepdim=True) + self.margin * h.norm(dim=1, keepdim=True)
+        b = x.norm(dim=1, keepdim=True)
+        likely_top, likely = approx.topk(k, dim=1)
+        floor = (likely_top - (a * self.norms[likely] + b * self.err[likely])).amin(1)  # k tokens are above it
+        widest = (a * self.max_norm + b * self.max_err).squeeze(1)
+        a, b = a.squeeze(1), b.squeeze(1)
+        ids_out = torch.full((n, k), -1, dtype=torch.long)
+        logits_out = torch.zeros(n, k)
         for r in range(n):
-            ids = (approx[r] >= lower[r] - widest[r]).nonzero().squeeze(1)
+            ids = (approx[r] >= floor[r] - widest[r]).nonzero().squeeze(1)
             if len(ids) > FEW:  # the widest token's bound is too wide here: every token's own, over the row
-                ids = (torch.addcmul(approx[r] + a[r] * self.norms, self.err, b[r]) >= lower[r]).nonzero().squeeze(1)
-            ids = ids[approx[r, ids] + a[r] * self.norms[ids] + b[r] * self.err[ids] >= lower[r]]
-            if len(ids) <= FEW:  # else a flat distribution: left to float32
-                exact = (self.weight.detach()[ids] * h[r]).sum(1)  # not a gemv: equal rows must give equal sums
-                best[r] = ids[exact.argmax()]
-        return best
+                ids = (torch.addcmul(approx[r] + a[r] * self.norms, self.err, b[r]) >= floor[r]).nonzero().squeeze(1)
+            ids = ids[approx[r, ids] + a[r] * self.norms[ids] + b[r] * self.err[ids] >= floor[r]]
+            if len(ids) > FEW:  # a flat distribution: left to float32
+                continue
+            exact = (self.weight.detach()[ids] * h[r]).sum(1)  # not a gemv: equal rows must give equal sums
+            approx[r, ids] = exact
+            order = exact.sort(descending=True, stable=True).indices[:k]
+            ids_out[r], logits_out[r] = ids[order], exact[order]
+        return ids_out, logits_out, approx

@@ -1,8 +1,8 @@
 """A model's output layer: the logits of the rows that need them, only the argmax of the rows that need no more.
 
-Greedy verification without hints needs each row's argmax alone; on the CPU that comes from the int8 argmax
-(cloud/int8_argmax.py: exact, a quarter of the bytes), built when first asked for and shared by every layer
-over the same weight (tests and benchmarks build many engines from one loaded model).
+Greedy verification needs each row's argmax alone, and its hints each row's top k; on the CPU both come from the
+int8 argmax (cloud/int8_argmax.py: exact, a quarter of the bytes), built when first asked for and shared by
+every layer over the same weight (tests and benchmarks build many engines from one loaded model).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ import weakref
 
 import torch
 
+from specedge.cloud.hints import top_k_hints
 from specedge.cloud.int8_argmax import MAX_ROWS, Int8Argmax
 from specedge.cloud.linear import Linear
+from specedge.common.hints import Hints
 
 # id(weight) -> its int8 argmax, while some layer holds it
 _shared: weakref.WeakValueDictionary[int, Int8Argmax] = weakref.WeakValueDictionary()
@@ -51,6 +53,28 @@ class OutputLayer:
         if unsettled.any():
             best[unsettled] = self.logits(h[unsettled]).argmax(-1)
         return best
+
+    @torch.inference_mode()
+    def argmax_and_hints(self, h: torch.Tensor, k: int) -> tuple[torch.Tensor, Hints]:
+        """What a greedy session that asks for hints needs: each row's argmax (exact, as `argmax`) and its k
+        likeliest tokens with their probabilities (cloud/hints.py). From the int8 argmax the top k are exact
+        and the softmax's normaliser counts the tokens outside the few computed exactly at their int8 logit
+        (off by less than the bound, typically hundredths), which hints, a drafting aid, can afford."""
+        fast = self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
+        if fast is None:
+            logits = self.logits(h)
+            return logits.argmax(-1), top_k_hints(logits, k)
+        ids, top, approx = fast.top_k(h, k)
+        argmax = ids[:, 0].clone()
+        unsettled = (argmax < 0).nonzero().squeeze(1)
+        if len(unsettled):
+            logits = self.logits(h[unsettled])
+            approx[unsettled] = logits
+            argmax[unsettled] = logits.argmax(-1)
+            top[unsettled], ids[unsettled] = logits.topk(k, dim=-1)
+        norm = (approx - top[:, :1]).exp_().sum(1, keepdim=True)
+        probs = (top - top[:, :1]).exp_().div_(norm)
+        return argmax, Hints(ids.tolist(), probs.tolist())
 
     def prepare(self) -> bool:
         """Build the int8 argmax now rather than at the first greedy step (seconds at Gemma 3's 262k tokens);

@@ -104,3 +104,18 @@ def test_a_row_too_flat_to_settle_cheaply_is_left_to_float32():
     assert Int8Argmax.build(weight)(h).tolist() == [-1, -1]
     layer = OutputLayer(weight)
     assert torch.equal(layer.argmax(h), layer.logits(h).argmax(-1))
+
+
+def test_hints_from_it_have_the_exact_top_k_and_near_exact_probabilities():
+    """A greedy session's hints come from the int8 copy too: the top k ids and their logits are computed
+    exactly; only the softmax's normaliser counts the other tokens at their int8 logits."""
+    g = torch.Generator().manual_seed(6)
+    weight = torch.randn(3000, 64, generator=g) * 0.05
+    layer = OutputLayer(weight)
+    h = hidden_like_a_model(5, 64, g)
+    argmax, hints = layer.argmax_and_hints(h, 4)
+    logits = layer.logits(h)
+    want = logits.softmax(-1).topk(4, dim=-1)
+    assert torch.equal(argmax, logits.argmax(-1))
+    assert hints.ids == want.indices.tolist()
+    assert torch.allclose(torch.tensor(hints.probs), want.values, rtol=1e-2)
