@@ -45,7 +45,7 @@ class OutputLayer:
     @torch.inference_mode()
     def argmax(self, h: torch.Tensor) -> torch.Tensor:
         """argmax(self.logits(h), -1), computed as cheaply as the rows' number allows."""
-        fast = self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
+        fast = self._int8_argmax_for(h)
         if fast is None:
             return self.logits(h).argmax(-1)
         best = fast(h)
@@ -59,8 +59,8 @@ class OutputLayer:
         """What a greedy session that asks for hints needs: each row's argmax (exact, as `argmax`) and its k
         likeliest tokens with their probabilities (cloud/hints.py). From the int8 argmax the top k are exact
         and the softmax's normaliser counts the tokens outside the few computed exactly at their int8 logit
-        (off by less than the bound, typically hundredths), which hints, a drafting aid, can afford."""
-        fast = self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
+        (each off by less than its bound), which hints, a drafting aid, can afford."""
+        fast = self._int8_argmax_for(h)
         if fast is None:
             logits = self.logits(h)
             return logits.argmax(-1), top_k_hints(logits, k)
@@ -80,6 +80,10 @@ class OutputLayer:
         """Build the int8 argmax now rather than at the first greedy step (seconds at Gemma 3's 262k tokens);
         whether there is one."""
         return self._int8_argmax() is not None
+
+    def _int8_argmax_for(self, h: torch.Tensor) -> Int8Argmax | None:
+        """The int8 argmax where it pays for rows h: up to MAX_ROWS of them."""
+        return self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
 
     def _int8_argmax(self) -> Int8Argmax | None:
         # Only for a plain float32 CPU layer: softcapping in float32 can tie logits that differ, and the
