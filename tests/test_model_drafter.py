@@ -148,9 +148,11 @@ def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_
     # leaves the verdict as the only stop, whatever the host's speed.
     drafter.round_ms = 600_000.0
     drafter.speculate(stop=lambda: True)
+    drafter.settle()  # the forward the verdict came in during ends alone
     assert drafter.model.tokens == prompt + committed[:CATCH_UP_BATCH]  # one forward, then the verdict
-    verdicts = iter([False] + [True] * 100)  # in after the second batch of this round's catch-up
-    drafter.speculate(stop=lambda: next(verdicts))
+    read = len(prompt) + 3 * CATCH_UP_BATCH  # the verdict comes in once the third batch has been read
+    drafter.speculate(stop=lambda: len(drafter.model.tokens) >= read)
+    drafter.settle()
     assert drafter.model.tokens == prompt + committed[:3 * CATCH_UP_BATCH]
     assert len(drafter.propose()) > 0  # the next draft reads the rest first
     assert drafter.model.tokens[: len(prompt) + len(committed)] == prompt + committed
@@ -203,6 +205,37 @@ def test_a_known_only_draft_runs_no_forward_and_holds_what_speculation_computed(
     chain = [known.tokens[i] for i in _likeliest_path(known)]
     # (its last token aside: SLEM may split the end of a shorter text otherwise)
     assert [full.tokens[i] for i in _likeliest_path(full)][: len(chain) - 1] == chain[:-1]
+
+
+def test_a_verdict_that_comes_during_a_speculated_forward_does_not_wait_for_it(real_model):
+    """The verdict ends speculation at once: the forward under way ends alone, the next draft from known logits
+    runs no forward and does not wait for it, and the next use of the model keeps what it computed."""
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    assert drafter.ready(timeout=60)
+    drafter.round_ms = 600_000.0  # the verdict is the only stop, whatever the host's speed
+    drafter.speculate(stop=lambda: False, steps=1)  # the logits after the committed text
+    gate, started, logits = threading.Event(), threading.Event(), drafter.model.logits
+
+    def gated_logits(tokens):
+        started.set()
+        gate.wait()
+        return logits(tokens)
+
+    drafter.model.logits = gated_logits
+    # The verdict comes in as the forward after the likeliest next token starts.
+    speculating = threading.Thread(target=drafter.speculate, kwargs={"stop": started.is_set, "steps": 2}, daemon=True)
+    speculating.start()
+    speculating.join(timeout=30)
+    assert not speculating.is_alive()  # back while the forward waits on the gate
+    before = drafter.propose(known_only=True)
+    assert len(before) > 0
+    gate.set()
+    drafter.settle()
+    after = drafter.propose(known_only=True)  # one level deeper: the tail's logits were kept
+    assert after.tokens[: len(before)] == before.tokens and len(after) > len(before)
 
 
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:
