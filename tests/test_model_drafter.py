@@ -131,6 +131,16 @@ def test_the_end_of_a_generation_stops_reading_its_prompt(real_model):
     assert drafter.model.tokens == prompt[:BATCH_TOKENS]  # the batch under way, no more
 
 
+def _drafter_past_prompt(real_model, target: str) -> tuple:
+    """A smollm2-135m drafter for `target`'s vocabulary that has read PROMPT; and the target's edge tokenizer."""
+    hf, tokenizer = real_model(target)
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    assert drafter.ready(timeout=60)
+    return drafter, edge_tokenizer
+
+
 def test_catching_up_on_many_committed_tokens_stops_when_the_verdict_comes(real_model):
     """Rounds the model sat out (a long prompt read, or verdicts longer than a pass could read) leave many
     committed tokens unread: speculation reads them in forwards of CATCH_UP_BATCH and stops between two once
@@ -162,11 +172,7 @@ def test_reading_ahead_the_likely_verdict_leaves_only_what_it_did_not_foresee(re
     """During the pass the model reads the tokens another drafter expects the verdict to commit (`then`): a
     verdict that takes them, or part of them, leaves only the rest to read before the next draft (the
     model's cache keeps the longest common prefix)."""
-    hf, tokenizer = real_model("smollm2-135m")
-    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
-    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
-    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
-    assert drafter.ready(timeout=60)
+    drafter, edge_tokenizer = _drafter_past_prompt(real_model, "smollm2-135m")
     drafter.round_ms = 600_000.0  # the verdict is the only stop, whatever the host's speed
     likely = edge_tokenizer.encode(" a cat, because cats are quiet")
     for taken, bonus in ((likely, 13), (likely[:3], 7)):
@@ -183,11 +189,7 @@ def test_a_known_only_draft_runs_no_forward_and_holds_what_speculation_computed(
     """A tree sent ahead must not wait on the model (the hybrid's, edge/hybrid.py): with `known_only` it is
     drafted beyond the path it hangs below from the logits speculation computed there, and no forward runs.
     Before speculation there is nothing; after it, the draft's likeliest chain is the start of the full one."""
-    hf, tokenizer = real_model(target)
-    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
-    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
-    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
-    assert drafter.ready(timeout=60)
+    drafter, edge_tokenizer = _drafter_past_prompt(real_model, target)
     drafter.round_ms = 600_000.0  # the step count is the only stop, whatever the host's speed
     path = edge_tokenizer.encode(" a cat, because cats are")
     forwards = []
@@ -210,11 +212,7 @@ def test_a_known_only_draft_runs_no_forward_and_holds_what_speculation_computed(
 def test_a_verdict_that_comes_during_a_speculated_forward_does_not_wait_for_it(real_model):
     """The verdict ends speculation at once: the forward under way ends alone, the next draft from known logits
     runs no forward and does not wait for it, and the next use of the model keeps what it computed."""
-    hf, tokenizer = real_model("smollm2-135m")
-    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
-    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
-    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
-    assert drafter.ready(timeout=60)
+    drafter, edge_tokenizer = _drafter_past_prompt(real_model, "smollm2-135m")
     drafter.round_ms = 600_000.0  # the verdict is the only stop, whatever the host's speed
     drafter.speculate(stop=lambda: False, steps=1)  # the logits after the committed text
     gate, started, logits = threading.Event(), threading.Event(), drafter.model.logits
