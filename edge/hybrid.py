@@ -24,6 +24,8 @@ drafting added against its time. With no time after the verdict to weigh, the co
 merged nodes is the whole decision. What remains is the model's work beside the verifier's pass: nothing
 where edge and verifier are separate machines, and on one machine shared with the verifier (the
 benchmarks' two cores) the pass runs up to ~15% slower (section 6); the benchmarks' figures include it.
+Where the model's own accepted tokens are too few to pay for that, it speculates in one pass of a few only
+(edge/model_worth.py), and it sits out generations with long prompts.
 
 A tree sent ahead hangs below the likeliest path of the tree in flight (`propose_after`): retrieval's part
 is its draft beyond the path, the model's what it computed beyond it. The hybrid keeps each tree's round
@@ -46,6 +48,7 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.model_drafter import ModelDrafter
+from specedge.edge.model_worth import ModelWorth
 from specedge.edge.retrieval import RetrievalDrafter
 
 
@@ -68,6 +71,7 @@ class _Round:
     path: list[int]  # target ids it hangs below then: the likeliest path of the tree in flight
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
     since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
+    speculated: bool = False  # drafted after a pass the model speculated in (ModelWorth measures those)
 
 
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
@@ -78,6 +82,9 @@ class HybridDrafter:
         self.sources = (retrieval, model)
         self.max_nodes = max_nodes
         self._pending: deque[_Round] = deque()  # drafted, verdict not yet observed, oldest first
+        self.worth = ModelWorth()  # kept across generations, as the sources' calibrations are
+        self._speculated = False  # the model speculated in the pass since the last tree was drafted
+        self._model_on = True  # the model takes part in this generation (ModelWorth.takes_part)
 
     @property
     def hints_top_k(self) -> int:
@@ -86,8 +93,12 @@ class HybridDrafter:
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._pending.clear()
-        for source in self.sources:
+        self._model_on = self.worth.takes_part(len(prompt_ids))
+        for source in self._taking_part():
             source.begin(prompt_ids, params)
+
+    def _taking_part(self) -> tuple[RetrievalDrafter] | tuple[RetrievalDrafter, ModelDrafter]:
+        return self.sources if self._model_on else self.sources[:1]
 
     def propose(self) -> DraftTree:
         # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the
@@ -102,7 +113,9 @@ class HybridDrafter:
 
     def _draft(self, path: list[int], ahead: bool) -> DraftTree:
         retrieval, model = self.sources
-        rnd = _Round((retrieval.propose().after(path), model.propose_after(path, known_only=True)), [], ahead, path)
+        model_draft = model.propose_after(path, known_only=True) if self._model_on else DraftTree.empty()
+        rnd = _Round((retrieval.propose().after(path), model_draft), [], ahead, path, speculated=self._speculated)
+        self._speculated = False
         self._pending.append(rnd)
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
@@ -163,12 +176,14 @@ class HybridDrafter:
             later.since += result.tokens
         beyond = rnd.since[len(rnd.path) :]
         if rnd.since[: len(rnd.path)] != rnd.path:  # the verdict before did not commit the path: nothing was left
-            for source in self.sources:
+            for source in self._taking_part():
                 source.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
             return
+        if rnd.speculated:
+            self.worth.record(sum(0 not in tree.notes[k].where for k in result.accepted), len(result.tokens))
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)
-        for number, (source, whole) in enumerate(zip(self.sources, rnd.drafts)):
+        for number, (source, whole) in enumerate(zip(self._taking_part(), rnd.drafts)):
             draft = whole.after(beyond)  # what is left of this source's draft, as of the tree
             origin = _origins(whole, beyond)  # each of its nodes' index in `whole`
             sent_here = {n.where[number] for n in tree.notes or () if number in n.where}
@@ -190,8 +205,14 @@ class HybridDrafter:
         the next draft starts (edge/generation.py)."""
         # Retrieval has nothing to compute ahead, only the last verdict to learn from (RetrievalDrafter.learn).
         self.sources[0].learn()
-        if self._pending:  # the model computes what the next tree's part will be drafted from
-            self.sources[1].speculate(stop, then=list(then) or _likely_verdict(self._pending[0]))
+        if not self._pending or not self._model_on:
+            return
+        model = self.sources[1]
+        if self.worth.speculate_now():  # the model computes what the next tree's part will be drafted from
+            model.speculate(stop, then=list(then) or _likely_verdict(self._pending[0]))
+            self._speculated = True
+        else:  # it only reads the committed text, ready for the pass it speculates in next
+            model.speculate(stop, steps=0)
 
 
 def _likely_verdict(rnd: _Round) -> list[int]:

@@ -13,6 +13,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.generation import generate
 from specedge.edge.hybrid import HybridDrafter
+from specedge.edge.model_worth import LONG_PROMPT, PROBE, WARM_UP
 
 
 class Scripted:
@@ -24,9 +25,10 @@ class Scripted:
         self.proposed = 0
         self.known_only: list[bool] = []  # each draft's `known_only`
         self.read_aheads: list[list[int]] = []  # what each speculation was told the verdict likely commits
+        self.steps: list[int | None] = []  # each speculation's most forwards (None: the model's default)
 
     def begin(self, prompt_ids, params=None, read: bool = True) -> None:
-        pass
+        self.begun = getattr(self, "begun", 0) + 1
 
     def propose(self, known_only: bool = False) -> DraftTree:
         self.proposed += 1
@@ -45,8 +47,9 @@ class Scripted:
     def end(self) -> None:
         pass
 
-    def speculate(self, stop, then=()) -> None:
+    def speculate(self, stop, steps=None, then=()) -> None:
         self.read_aheads.append(list(then))
+        self.steps.append(steps)
 
 
 def paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
@@ -239,3 +242,51 @@ def test_a_drafter_that_speculates_gets_every_pass_even_with_nothing_to_send():
     drafter = Scripted(DraftTree.empty())
     generate(OneTokenSession(), (), drafter)
     assert drafter.proposed == 6 and len(drafter.read_aheads) == 6
+
+
+def test_a_model_whose_own_nodes_are_never_accepted_speculates_in_one_pass_of_a_few():
+    """Where the verdicts take only what retrieval proposed too, the model's forwards during the pass add
+    nothing: once it has measured that, it speculates in one pass of PROBE and in the others only reads the
+    committed text (steps=0; edge/model_worth.py)."""
+    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    for _ in range(WARM_UP + 1 + 3 * PROBE):
+        serial_round(hybrid, (10, 11, 12))
+    speculated = [steps != 0 for steps in model.steps]
+    # The first pass's tree is not measured (no pass before it), so WARM_UP + 1 passes warm up.
+    assert speculated[: WARM_UP + 1] == [True] * (WARM_UP + 1)
+    assert speculated[WARM_UP + 1 :] == ([False] * (PROBE - 1) + [True]) * 3
+
+
+def test_a_model_whose_own_nodes_are_accepted_speculates_in_every_pass():
+    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    for _ in range(3 * WARM_UP):
+        serial_round(hybrid, (10, 13))  # 13: the model's alone
+    assert model.steps == [None] * (3 * WARM_UP)
+
+
+def test_a_model_that_does_not_earn_its_forwards_sits_out_long_prompts_but_one_in_a_few():
+    """Reading a long prompt costs the model seconds of forwards: once its own nodes have not been accepted,
+    it neither reads nor drafts in a generation with a long prompt, except in one of PROBE (short prompts it
+    still reads)."""
+    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid.begin([1])
+    for _ in range(WARM_UP + 1):
+        serial_round(hybrid, (10, 11, 12))
+    taking_part = []
+    for _ in range(2 * PROBE):
+        begun, speculated = model.begun, len(model.steps)
+        hybrid.begin([1] * (LONG_PROMPT + 1))
+        tree = serial_round(hybrid, (10, 11, 12))
+        took_part = model.begun > begun
+        assert (13 in tree.tokens) == took_part  # the model's own node is in the tree only where it takes part
+        assert (len(model.steps) > speculated) == took_part
+        taking_part.append(took_part)
+    assert taking_part == ([False] * (PROBE - 1) + [True]) * 2
+    begun = model.begun
+    hybrid.begin([1] * LONG_PROMPT)
+    assert model.begun == begun + 1

@@ -1,0 +1,70 @@
+"""Whether the hybrid's drafting model earns the forwards it runs while the verifier checks a tree.
+
+The model's tokens are worth a forward only where retrieval would not have proposed them: on a round's
+accepted path, the nodes that only the model drafted (edge/hybrid.py). Where these are a small share of
+what the rounds commit, the forwards cost more than they add. On a machine shared with the verifier they
+slow its pass (by 3-9%, memory bandwidth; BENCHMARKS.md section 6); on an edge device they cost energy.
+Plain-text qa, reasoning and extraction, for example, got 2.6% of their tokens from the model alone in a
+replay, against 10% for writing, coding and math.
+
+Below GAIN_MIN the model speculates in one pass of PROBE only, which keeps measuring its share so that it
+comes back where the text turns to what it drafts well. In the other passes it only reads the committed
+text (one batched forward), so that a probe's forwards start where the text is. A long prompt costs the
+most to read (seconds of batched forwards beside the verifier's prefill and first passes: summarization
+and rag lost 10% and 4% to retrieval with the model speculating in one pass of four), and the model adds
+least where the output copies from the prompt: below GAIN_MIN it sits out a generation whose prompt is
+longer than LONG_PROMPT, except one in PROBE.
+"""
+
+from __future__ import annotations
+
+GAIN_MIN = 0.05  # the share of committed tokens the model alone must draft to speculate in every pass
+PROBE = 4  # below it, it speculates in one pass of this many
+WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
+WARM_UP = 8  # measured rounds before the share decides anything
+LONG_PROMPT = 512  # target tokens (Spec-Bench's rag and most summarization prompts are longer, the rest shorter)
+
+
+class ModelWorth:
+    def __init__(self) -> None:
+        self.model_tokens = 0.0  # moving average per measured round: accepted tokens only the model drafted
+        self.committed = 0.0  # moving average per measured round: tokens committed
+        self.measured = 0
+        self._rested = 0  # passes since the last it speculated in, while below GAIN_MIN
+        self._sat_out = 0  # long prompts since the last it read, while below GAIN_MIN
+
+    @property
+    def share(self) -> float:
+        return self.model_tokens / self.committed if self.committed else 0.0
+
+    def record(self, model_tokens: int, committed: int) -> None:
+        """A verdict on a tree drafted after a pass the model speculated in."""
+        self.measured += 1
+        weight = max(WEIGHT, 1.0 / self.measured)  # the plain mean until it has WEIGHT's worth of rounds
+        self.model_tokens += weight * (model_tokens - self.model_tokens)
+        self.committed += weight * (committed - self.committed)
+
+    @property
+    def earning(self) -> bool:
+        return self.measured < WARM_UP or self.share >= GAIN_MIN
+
+    def speculate_now(self) -> bool:
+        """Whether the model speculates during the pass about to start (called once per pass)."""
+        if self.earning:
+            self._rested = 0
+            return True
+        self._rested += 1
+        if self._rested >= PROBE:
+            self._rested = 0
+            return True
+        return False
+
+    def takes_part(self, prompt_tokens: int) -> bool:
+        """Whether the model reads this generation's prompt and drafts in it (called once per generation)."""
+        if prompt_tokens <= LONG_PROMPT or self.earning:
+            return True
+        self._sat_out += 1
+        if self._sat_out >= PROBE:
+            self._sat_out = 0
+            return True
+        return False
