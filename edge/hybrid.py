@@ -48,7 +48,7 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.model_drafter import ModelDrafter
-from specedge.edge.model_worth import ModelWorth
+from specedge.edge.model_worth import ModelWorth, PassWork
 from specedge.edge.retrieval import RetrievalDrafter
 
 
@@ -208,10 +208,11 @@ class HybridDrafter:
         if not self._pending or not self._model_on:
             return
         model = self.sources[1]
-        if self.worth.speculate_now():  # the model computes what the next tree's part will be drafted from
+        work = self.worth.this_pass()
+        if work is PassWork.SPECULATE:  # the model computes what the next tree's part will be drafted from
             model.speculate(stop, then=list(then) or _likely_verdict(self._pending[0]))
             self._speculated = True
-        else:  # it only reads the committed text, ready for the pass it speculates in next
+        elif work is PassWork.READ:  # it reads the committed text, ready for the pass it speculates in next
             model.speculate(stop, steps=0)
 
 

@@ -8,8 +8,11 @@ prompts (plain text, Gemma 3 270M target, SmolLM2 drafting) the model alone draf
 tokens, 0-10% by category (BENCHMARKS.md section 6, "The model speculates where it earns it").
 
 Below GAIN_MIN the model speculates in one pass of PROBE only, which keeps measuring its share so that it
-comes back where the text turns to what it drafts well. In the other passes it only reads the committed
-text (one batched forward), so that a probe's forwards start where the text is. A long prompt costs the
+comes back where the text turns to what it drafts well. In the pass before a probe it only reads the text
+committed since it last ran (one batched forward), so that the probe's forwards start where the text is; in
+the others it runs no forward at all. Reading in every pass cost the verifier's passes beside it about as
+much as speculating: 103 ms against retrieval's 96 at a tree of no nodes (`bench-out/worth-ab2`), memory
+bandwidth shared on one host; a batched read of several passes' tokens costs about what one pass's does. A long prompt costs the
 most to read (seconds of batched forwards beside the verifier's prefill and first passes: summarization
 and rag lost 10% and 4% to retrieval with the model speculating in one pass of four), and the model adds
 least where the output copies from the prompt: below GAIN_MIN it sits out a generation whose prompt is
@@ -18,11 +21,21 @@ longer than LONG_PROMPT, except one in PROBE.
 
 from __future__ import annotations
 
+from enum import Enum
+
 GAIN_MIN = 0.05  # the share of committed tokens the model alone must draft to speculate in every pass
 PROBE = 4  # below it, it speculates in one pass of this many
 WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
 WARM_UP = 8  # measured rounds before the share decides anything
 LONG_PROMPT = 512  # target tokens (Spec-Bench's rag and most summarization prompts are longer, the rest shorter)
+
+
+class PassWork(Enum):
+    """What the model does during one verifier pass."""
+
+    SPECULATE = "speculate"  # read the committed text, then compute the logits the next tree's part is drafted from
+    READ = "read"  # only read the committed text
+    REST = "rest"  # no forward
 
 
 class ModelWorth:
@@ -48,10 +61,12 @@ class ModelWorth:
     def earning(self) -> bool:
         return self.measured < WARM_UP or self.share >= GAIN_MIN
 
-    def speculate_now(self) -> bool:
-        """Whether the model speculates during the pass about to start (called once per pass)."""
+    def this_pass(self) -> PassWork:
+        """What the model does during the pass about to start (called once per pass)."""
         self._rested, now = _probe(self._rested, self.earning)
-        return now
+        if now:
+            return PassWork.SPECULATE
+        return PassWork.READ if self._rested + 1 >= PROBE else PassWork.REST  # the next pass probes
 
     def takes_part(self, prompt_tokens: int) -> bool:
         """Whether the model reads this generation's prompt and drafts in it (called once per generation)."""
