@@ -45,15 +45,18 @@ class CostTracker:
         self.measured[b] = ms if old is None else old + self.alpha * (ms - old)
 
     def model(self) -> CostModel:
-        """Measured buckets as they are; the others scaled from the prior by the nearest measured one."""
-        if self.measured:
-            smallest = min(self.measured)
-            scale = self.measured[smallest] / self.prior[smallest]
-        else:
-            scale = self.base_ms
+        """Measured buckets as they are; the others scaled from the prior by the nearest measured one below
+        (above, where none is below). A model's curve can be much steeper than the prior's (Gemma 3 270M
+        here: ~13 ms a node on a 95 ms pass, BENCHMARKS.md section 6), and scaling every size by the smallest
+        measured one priced sizes beyond the measured ones as no dearer than the largest of them."""
         points, last = [], 0.0
+        measured = sorted(self.measured)
         for n, rel in self.prior.items():
-            ms = self.measured.get(n, scale * rel)
+            ms = self.measured.get(n)
+            if ms is None:
+                below = [m for m in measured if m < n]
+                m = below[-1] if below else (measured[0] if measured else None)
+                ms = self.base_ms * rel if m is None else self.measured[m] * rel / self.prior[m]
             last = max(last, ms)  # a pass with more tokens never costs less: smooth out noise
             points.append((n, last))
         return CostModel(tuple(points))

@@ -19,6 +19,21 @@ def test_unmeasured_sizes_are_priced_from_the_prior_scaled_to_the_measured_ones(
     assert tracker.model().ms(32) == 70.0
 
 
+def test_sizes_beyond_the_measured_ones_follow_the_prior_from_the_largest_measured_below_them():
+    """A steeper model than the prior's (Gemma 3 270M on this CPU: 100 ms at no draft, 226 at 8 tokens) must not
+    make 12 tokens look as cheap as 8."""
+    tracker = CostTracker.for_device("cpu")
+    tracker.observe(0, 100.0)
+    tracker.observe(8, 226.0)
+    model = tracker.model()
+    assert model.ms(4) == pytest.approx(100.0 * PRIOR_RELATIVE[4])  # between: from the one below
+    assert model.ms(12) == pytest.approx(226.0 * PRIOR_RELATIVE[12] / PRIOR_RELATIVE[8])
+    assert model.ms(12) > model.ms(8)
+    tracker = CostTracker.for_device("cpu")
+    tracker.observe(8, 150.0)  # only a size above: scaled from it
+    assert tracker.model().ms(0) == pytest.approx(150.0 / PRIOR_RELATIVE[8])
+
+
 def test_a_gpu_verifier_advertises_nearly_flat_costs_before_measuring_them():
     gpu, cpu = CostTracker.for_device("cuda"), CostTracker.for_device("cpu")
     for tracker in (gpu, cpu):
