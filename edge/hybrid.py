@@ -72,6 +72,7 @@ class _Round:
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
     since: list[int] = field(default_factory=list)  # tokens committed after it was drafted
     speculated: bool = False  # drafted after a pass the model speculated in (ModelWorth measures those)
+    beside: PassWork | None = None  # what the model did while this tree's verdict was awaited (None: nothing)
 
 
 LIKELY = 0.5  # a path the verdict more likely commits than not: the model reads it during the pass
@@ -85,6 +86,7 @@ class HybridDrafter:
         self.worth = ModelWorth()  # kept across generations, as the sources' calibrations are
         self._speculated = False  # the model speculated in the pass since the last tree was drafted
         self._model_on = True  # the model takes part in this generation (ModelWorth.takes_part)
+        self._first_verdict = True  # no verdict yet in this generation
 
     @property
     def hints_top_k(self) -> int:
@@ -93,6 +95,7 @@ class HybridDrafter:
 
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._pending.clear()
+        self._first_verdict = True
         self._model_on = self.worth.takes_part(len(prompt_ids))
         for source in self._taking_part():
             source.begin(prompt_ids, params)
@@ -172,6 +175,9 @@ class HybridDrafter:
         """`tree`: what the verifier verified of the oldest round's tree (for a tree sent ahead, what was left of
         it once the verdict before it was committed)."""
         rnd = self._pending.popleft()
+        if not self._first_verdict:  # the first's pass computes the prompt too
+            self.worth.passed(len(tree), result.compute_ms, rnd.beside)
+        self._first_verdict = False
         for later in self._pending:
             later.since += result.tokens
         beyond = rnd.since[len(rnd.path) :]
@@ -214,6 +220,8 @@ class HybridDrafter:
             self._speculated = True
         elif work is PassWork.READ:  # it reads the committed text, ready for the pass it speculates in next
             model.speculate(stop, steps=0)
+        # A prompt or a backlog read in the background is a forward beside any pass.
+        self._pending[0].beside = PassWork.READ if getattr(model, "reading", False) else work
 
 
 def _likely_verdict(rnd: _Round) -> list[int]:

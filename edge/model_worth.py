@@ -7,7 +7,14 @@ slow its pass by a few percent (memory bandwidth); on an edge device they cost e
 prompts (plain text, Gemma 3 270M target, SmolLM2 drafting) the model alone drafted 3% of the committed
 tokens, 0-10% by category (BENCHMARKS.md section 6, "The model speculates where it earns it").
 
-Below GAIN_MIN the model speculates in one pass of PROBE only, which keeps measuring its share so that it
+What the forwards cost is measured too: the verifier's pass time (each verdict's compute_ms) beside the
+model's speculation against passes of the same tree size with no forward beside them. The model must draft
+at least that share of the committed tokens alone (a pass slower by 6% pays where 6% more tokens come out of
+it), and GAIN_MIN until both have been measured. On separate machines the passes beside its forwards are no
+slower, and the model speculates wherever it adds GAIN_FLOOR; beside the verifier on this 2-core host they
+are slower by several percent.
+
+Below that share the model speculates in one pass of PROBE only, which keeps measuring its share so that it
 comes back where the text turns to what it drafts well. In the pass before a probe it only reads the text
 committed since it last ran (one batched forward), so that the probe's forwards start where the text is; in
 the others it runs no forward at all. Reading in every pass cost the verifier's passes beside it about as
@@ -15,7 +22,7 @@ much as speculating: 103 ms against retrieval's 96 at a tree of no nodes (`bench
 bandwidth shared on one host; a batched read of several passes' tokens costs about what one pass's does. A long prompt costs the
 most to read (seconds of batched forwards beside the verifier's prefill and first passes: summarization
 and rag lost 10% and 4% to retrieval with the model speculating in one pass of four), and the model adds
-least where the output copies from the prompt: below GAIN_MIN it sits out a generation whose prompt is
+least where the output copies from the prompt: below its share it sits out a generation whose prompt is
 longer than LONG_PROMPT, except one in PROBE.
 """
 
@@ -23,7 +30,12 @@ from __future__ import annotations
 
 from enum import Enum
 
-GAIN_MIN = 0.05  # the share of committed tokens the model alone must draft to speculate in every pass
+GAIN_MIN = 0.05  # the share of committed tokens the model alone must draft to speculate in every pass, until
+# what its forwards cost the passes beside them is measured
+GAIN_FLOOR = 0.01  # the least share it must draft, where its forwards cost the verifier nothing (separate machines)
+COST_WEIGHT = 0.05  # the newest pass's weight in the cost's moving average (a host's property: slow to change)
+COSTED = 8  # passes beside its speculation, each against passes of its tree size without, before the cost counts
+FRESH = 8  # passes: a pass alone older than this is not compared with (a pass's time grows with the context)
 PROBE = 4  # below it, it speculates in one pass of this many
 WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
 WARM_UP = 8  # measured rounds before the share decides anything
@@ -43,8 +55,13 @@ class ModelWorth:
         self.model_tokens = 0.0  # moving average per measured round: accepted tokens only the model drafted
         self.committed = 0.0  # moving average per measured round: tokens committed
         self.measured = 0
-        self._rested = 0  # passes since the last it speculated in, while below GAIN_MIN
-        self._sat_out = 0  # long prompts since the last it read, while below GAIN_MIN
+        self._rested = 0  # passes since the last it speculated in, while below its share
+        self._sat_out = 0  # long prompts since the last it read, while below its share
+        self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (moving average of passes with no forward
+        # beside them, the pass that last moved it)
+        self._passes = 0
+        self.cost = 0.0  # moving average: how much slower a pass is beside the model's speculation (0.06: 6%)
+        self.costed = 0  # passes that measured it
 
     @property
     def share(self) -> float:
@@ -57,9 +74,29 @@ class ModelWorth:
         self.model_tokens += weight * (model_tokens - self.model_tokens)
         self.committed += weight * (committed - self.committed)
 
+    def passed(self, nodes: int, compute_ms: float, work: PassWork | None) -> None:
+        """A verdict's pass: its tree's nodes, the verifier's time, what the model did beside it (None: nothing,
+        it did not take part)."""
+        self._passes += 1
+        if work is PassWork.READ or compute_ms <= 0:
+            return
+        alone, at = self._alone_ms.get(nodes, (None, 0))
+        if work is not PassWork.SPECULATE:
+            ms = compute_ms if alone is None else alone + WEIGHT * (compute_ms - alone)
+            self._alone_ms[nodes] = ms, self._passes
+        elif alone is not None and self._passes - at <= FRESH:
+            self.costed += 1
+            weight = max(COST_WEIGHT, 1.0 / self.costed)
+            self.cost += weight * (compute_ms / alone - 1.0 - self.cost)
+
+    @property
+    def gain_min(self) -> float:
+        """The share of the committed tokens the model must draft alone to speculate in every pass."""
+        return GAIN_MIN if self.costed < COSTED else max(self.cost, GAIN_FLOOR)
+
     @property
     def earning(self) -> bool:
-        return self.measured < WARM_UP or self.share >= GAIN_MIN
+        return self.measured < WARM_UP or self.share >= self.gain_min
 
     def this_pass(self) -> PassWork:
         """What the model does during the pass about to start (called once per pass)."""

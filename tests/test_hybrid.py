@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import pytest
+
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
@@ -259,6 +261,27 @@ def test_a_model_whose_own_nodes_are_never_accepted_speculates_in_one_pass_of_a_
     # The first pass's tree is not measured (no pass before it), so WARM_UP + 1 passes warm up.
     assert per_pass[: WARM_UP + 1] == [[None]] * (WARM_UP + 1)
     assert per_pass[WARM_UP + 1 :] == ([[]] * (PROBE - 2) + [[0], [None]]) * 3
+
+
+def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside_it():
+    """Each verdict's pass time is put beside what the model did during it: passes 10% slower while it
+    speculates make 10% of the tokens the share it must draft alone (edge/model_worth.py). A generation's first
+    pass, which computes the prompt too, is not measured."""
+    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
+    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    for generation in range(4):
+        hybrid.begin([1])
+        for i in range(WARM_UP + 4 * PROBE):
+            tree = hybrid.propose()
+            before = len(model.steps)
+            hybrid.speculate(lambda: True)
+            speculated = model.steps[before:] == [None]
+            ms = 5000.0 if i == 0 else (100.0 + 10 * len(tree)) * (1.1 if speculated else 1.0)
+            accepted = spelled(tree, (10, 11, 12))
+            hybrid.observe(tree, StepResult(tokens=[10, 11, 12][: len(accepted)] + [99], accepted=accepted,
+                                            compute_ms=ms))
+    assert hybrid.worth.costed > 0
+    assert hybrid.worth.cost == pytest.approx(0.10, abs=0.02)
 
 
 def test_a_model_whose_own_nodes_are_accepted_speculates_in_every_pass():

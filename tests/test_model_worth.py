@@ -1,9 +1,11 @@
 """When the hybrid's model speculates during a pass: in every pass while it warms up and while the tokens only
-it drafted are at least GAIN_MIN of what the rounds commit; below that, in one pass of PROBE, reading the
+it drafted are at least the share its forwards cost the passes beside them (GAIN_MIN until measured); below that, in one pass of PROBE, reading the
 committed text in the pass before and resting in the others, and it takes part in one generation of PROBE
 whose prompt is longer than LONG_PROMPT."""
 
-from specedge.edge.model_worth import GAIN_MIN, LONG_PROMPT, PROBE, WARM_UP, ModelWorth, PassWork
+import pytest
+
+from specedge.edge.model_worth import COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, WARM_UP, ModelWorth, PassWork
 
 SPECULATE, READ, REST = PassWork.SPECULATE, PassWork.READ, PassWork.REST
 
@@ -52,3 +54,48 @@ def test_below_its_share_it_takes_part_in_one_long_prompt_of_a_few_and_in_every_
     assert all(worth.takes_part(LONG_PROMPT) for _ in range(PROBE))
     worth.record(3, 3)
     assert all(worth.takes_part(LONG_PROMPT + 1) for _ in range(PROBE))
+
+
+def measured(pass_ms_beside_speculation: float) -> ModelWorth:
+    """A ModelWorth past its warm-up whose passes took 100 ms at 3 nodes alone (and 200 at 8), and the given
+    time at 3 nodes beside the model's speculation."""
+    worth = ModelWorth()
+    for _ in range(WARM_UP):
+        worth.record(0, 3)
+    for _ in range(2 * COSTED):
+        worth.passed(3, 100.0, PassWork.REST)
+        worth.passed(8, 200.0, None)  # the model took no part: a pass alone too
+        worth.passed(3, 900.0, PassWork.READ)  # a read beside it: neither
+        worth.passed(3, pass_ms_beside_speculation, PassWork.SPECULATE)
+    return worth
+
+
+def test_the_share_it_must_draft_is_what_its_forwards_cost_the_passes_beside_them():
+    assert ModelWorth().gain_min == GAIN_MIN  # nothing measured yet
+    assert measured(110.0).gain_min == pytest.approx(0.10)  # beside the verifier on one host: passes 10% slower
+    assert measured(100.0).gain_min == GAIN_FLOOR  # separate machines: its forwards cost the verifier nothing
+    for share in (0.03, 0.08):
+        worth = measured(100.0)
+        for _ in range(WARM_UP):
+            worth.record(round(share * 100), 100)
+        assert worth.this_pass() is SPECULATE  # 3% of the tokens pay for forwards that cost nothing
+    worth = measured(110.0)
+    for _ in range(WARM_UP):
+        worth.record(8, 100)
+    assert [worth.this_pass() for _ in range(PROBE)] == [REST] * (PROBE - 2) + [READ, SPECULATE]  # 8% < 10%
+
+
+def test_passes_beside_its_speculation_are_compared_with_recent_passes_of_their_own_tree_size():
+    worth = ModelWorth()
+    for _ in range(2 * COSTED):
+        worth.passed(3, 100.0, PassWork.REST)
+        worth.passed(8, 200.0, PassWork.SPECULATE)  # no pass of 8 nodes alone: nothing to compare it with
+    assert worth.costed == 0 and worth.gain_min == GAIN_MIN
+    worth.passed(8, 190.0, PassWork.REST)
+    worth.passed(8, 209.0, PassWork.SPECULATE)
+    assert worth.costed == 1 and worth.cost == pytest.approx(0.10)
+    for _ in range(FRESH):  # while it earns its share it speculates in every pass
+        worth.passed(8, 209.0, PassWork.SPECULATE)
+    assert worth.costed == FRESH  # by the last of them, the pass alone is FRESH passes old
+    worth.passed(8, 400.0, PassWork.SPECULATE)  # the context has grown since: too old to compare with
+    assert worth.costed == FRESH and worth.cost == pytest.approx(0.10)
