@@ -22,10 +22,11 @@ beyond, the tree is retrieval's alone. Drafting after the verdict cost more than
 tree ahead came late (at 80 ms); earlier versions therefore weighed, round by round, what the model's
 drafting added against its time. With no time after the verdict to weigh, the controller's rule over the
 merged nodes is the whole decision. What remains is the model's work beside the verifier's pass: nothing
-where edge and verifier are separate machines, and on one machine shared with the verifier (the
-benchmarks' two cores) the pass runs up to ~15% slower (section 6); the benchmarks' figures include it.
-Where the model's own accepted tokens are too few to pay for that, it speculates in one pass of a few only
-(edge/model_worth.py), and it sits out generations with long prompts.
+where edge and verifier are separate machines, and on one machine shared with the verifier it may slow the
+pass (memory bandwidth); the benchmarks' figures include it. The hybrid measures that cost from the
+verdicts' pass times, and where the model's own accepted tokens are too few to pay for it (or for the
+edge's energy), the model speculates in one pass of a few only and sits out generations with long prompts
+(edge/model_worth.py).
 
 A tree sent ahead hangs below the likeliest path of the tree in flight (`propose_after`): retrieval's part
 is its draft beyond the path, the model's what it computed beyond it. The hybrid keeps each tree's round
