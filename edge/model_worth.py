@@ -2,28 +2,26 @@
 
 The model's tokens are worth a forward only where retrieval would not have proposed them: on a round's
 accepted path, the nodes that only the model drafted (edge/hybrid.py). Where these are a small share of
-what the rounds commit, the forwards cost more than they add. On a machine shared with the verifier they
-slow its pass by a few percent (memory bandwidth); on an edge device they cost energy. On 39 Spec-Bench
-prompts (plain text, Gemma 3 270M target, SmolLM2 drafting) the model alone drafted 3% of the committed
-tokens, 0-10% by category (BENCHMARKS.md section 6, "The model speculates where it earns it").
+what the rounds commit, the forwards cost more than they add: on a machine shared with the verifier they
+may slow its pass (memory bandwidth); on an edge device they cost energy. On 39 Spec-Bench prompts (plain
+text, Gemma 3 270M target, SmolLM2 drafting) the model alone drafted 3% of the committed tokens, 0-10% by
+category (BENCHMARKS.md section 6, "The model speculates where it earns it").
 
-What the forwards cost is measured too: the verifier's pass time (each verdict's compute_ms) beside the
-model's speculation against passes of the same tree size with no forward beside them. The model must draft
-at least that share of the committed tokens alone (a pass slower by 6% pays where 6% more tokens come out of
-it), and GAIN_MIN until both have been measured. On separate machines the passes beside its forwards are no
-slower, and the model speculates wherever it adds GAIN_FLOOR; beside the verifier on this 2-core host they
-are slower by several percent.
+What the forwards cost the verifier is measured, not assumed: each verdict's pass time (compute_ms) beside
+the model's speculation against recent passes of the same tree size with no forward beside them. The model
+must draft at least that share of the committed tokens alone (a pass slower by 6% pays where 6% more tokens
+come out of it), GAIN_MIN until it has been measured, and GAIN_FLOOR at least (the edge's energy). On
+separate machines the cost is nothing; on the benchmarks' 2-core host, with the model resting between its
+probes, it measured 0.3% (section 6, "The model rests between probes").
 
 Below that share the model speculates in one pass of PROBE only, which keeps measuring its share so that it
 comes back where the text turns to what it drafts well. In the pass before a probe it only reads the text
 committed since it last ran (one batched forward), so that the probe's forwards start where the text is; in
-the others it runs no forward at all. Reading in every pass cost the verifier's passes beside it about as
-much as speculating: 103 ms against retrieval's 96 at a tree of no nodes (`bench-out/worth-ab2`), memory
-bandwidth shared on one host; a batched read of several passes' tokens costs about what one pass's does. A long prompt costs the
-most to read (seconds of batched forwards beside the verifier's prefill and first passes: summarization
-and rag lost 10% and 4% to retrieval with the model speculating in one pass of four), and the model adds
-least where the output copies from the prompt: below its share it sits out a generation whose prompt is
-longer than LONG_PROMPT, except one in PROBE.
+the others it runs no forward at all (reading in every pass had cost the hybrid 1.3%, within one run's
+noise). A long prompt costs the most to read (seconds of batched forwards beside the verifier's prefill and
+first passes: summarization and rag lost 10% and 4% to retrieval with the model speculating in one pass of
+four), and the model adds least where the output copies from the prompt: below its share it sits out a
+generation whose prompt is longer than LONG_PROMPT, except one in PROBE.
 """
 
 from __future__ import annotations

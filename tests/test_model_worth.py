@@ -1,11 +1,13 @@
 """When the hybrid's model speculates during a pass: in every pass while it warms up and while the tokens only
-it drafted are at least the share its forwards cost the passes beside them (GAIN_MIN until measured); below that, in one pass of PROBE, reading the
-committed text in the pass before and resting in the others, and it takes part in one generation of PROBE
-whose prompt is longer than LONG_PROMPT."""
+it drafted are at least the share by which its forwards slow the verifier's passes beside them (GAIN_MIN
+until measured); below that, in one pass of PROBE, reading the committed text in the pass before and
+resting in the others, and it takes part in one generation of PROBE whose prompt is longer than
+LONG_PROMPT."""
 
 import pytest
 
-from specedge.edge.model_worth import COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, WARM_UP, ModelWorth, PassWork
+from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, WARM_UP, ModelWorth,
+                                       PassWork)
 
 SPECULATE, READ, REST = PassWork.SPECULATE, PassWork.READ, PassWork.REST
 
