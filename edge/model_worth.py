@@ -14,6 +14,10 @@ come out of it), GAIN_MIN until it has been measured, and GAIN_FLOOR at least (t
 separate machines the cost is nothing; on the benchmarks' 2-core host, with the model resting between its
 probes, it measured 0.3% (section 6, "The model rests between probes").
 
+While it earns its share it rests in one pass of REMEASURE: without passes alone to compare with, the cost
+would go unmeasured just where the model runs the most forwards (a blind spot the thirty-first session's
+runs showed: translation's passes beside the earning model were 15-20% slower than retrieval's, unseen).
+
 Below that share the model speculates in one pass of PROBE only, which keeps measuring its share so that it
 comes back where the text turns to what it drafts well. In the pass before a probe it only reads the text
 committed since it last ran (one batched forward), so that the probe's forwards start where the text is; in
@@ -35,6 +39,7 @@ COST_WEIGHT = 0.05  # the newest pass's weight in the cost's moving average (a h
 COSTED = 8  # passes beside its speculation, each against passes of its tree size without, before the cost counts
 FRESH = 8  # passes: a pass alone older than this is not compared with (a pass's time grows with the context)
 PROBE = 4  # below it, it speculates in one pass of this many
+REMEASURE = 16  # while it earns its share, it rests in one pass of this many (its cost: a 16th of its share)
 WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
 WARM_UP = 8  # measured rounds before the share decides anything
 LONG_PROMPT = 512  # target tokens (Spec-Bench's rag and most summarization prompts are longer, the rest shorter)
@@ -54,6 +59,7 @@ class ModelWorth:
         self.committed = 0.0  # moving average per measured round: tokens committed
         self.measured = 0
         self._rested = 0  # passes since the last it speculated in, while below its share
+        self._in_a_row = 0  # passes it speculated in since the last it rested in
         self._sat_out = 0  # long prompts since the last it read, while below its share
         self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (moving average of passes with no forward
         # beside them, the pass that last moved it)
@@ -99,9 +105,13 @@ class ModelWorth:
     def this_pass(self) -> PassWork:
         """What the model does during the pass about to start (called once per pass)."""
         self._rested, now = _probe(self._rested, self.earning)
-        if now:
+        if now and self._in_a_row + 1 < REMEASURE:
+            self._in_a_row += 1
             return PassWork.SPECULATE
-        return PassWork.READ if self._rested + 1 >= PROBE else PassWork.REST  # the next pass probes
+        if not now and self._rested + 1 >= PROBE:  # the next pass probes
+            return PassWork.READ
+        self._in_a_row = 0
+        return PassWork.REST
 
     def takes_part(self, prompt_tokens: int) -> bool:
         """Whether the model reads this generation's prompt and drafts in it (called once per generation)."""

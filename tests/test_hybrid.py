@@ -15,7 +15,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.generation import generate
 from specedge.edge.hybrid import HybridDrafter
-from specedge.edge.model_worth import LONG_PROMPT, PROBE, WARM_UP
+from specedge.edge.model_worth import LONG_PROMPT, PROBE, REMEASURE, WARM_UP
 
 
 class Scripted:
@@ -284,13 +284,16 @@ def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside
     assert hybrid.worth.cost == pytest.approx(0.10, abs=0.02)
 
 
-def test_a_model_whose_own_nodes_are_accepted_speculates_in_every_pass():
+def test_a_model_whose_own_nodes_are_accepted_speculates_in_every_pass_but_one_left_alone_to_measure_its_cost():
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
     hybrid = HybridDrafter(retrieval, model, max_nodes=64)
     hybrid.begin([1])
-    for _ in range(3 * WARM_UP):
+    per_pass = []
+    for _ in range(3 * REMEASURE):
+        before = len(model.steps)
         serial_round(hybrid, (10, 13))  # 13: the model's alone
-    assert model.steps == [None] * (3 * WARM_UP)
+        per_pass.append(model.steps[before:])
+    assert per_pass == ([[None]] * (REMEASURE - 1) + [[]]) * 3
 
 
 def test_a_model_that_does_not_earn_its_forwards_sits_out_long_prompts_but_one_in_a_few():

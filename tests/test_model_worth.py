@@ -1,13 +1,14 @@
 """When the hybrid's model speculates during a pass: in every pass while it warms up and while the tokens only
 it drafted are at least the share by which its forwards slow the verifier's passes beside them (GAIN_MIN
 until measured); below that, in one pass of PROBE, reading the committed text in the pass before and
-resting in the others, and it takes part in one generation of PROBE whose prompt is longer than
+resting in the others (and while it earns its share, it rests in one pass of REMEASURE, so that what its
+forwards cost stays measured); it takes part in one generation of PROBE whose prompt is longer than
 LONG_PROMPT."""
 
 import pytest
 
-from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, WARM_UP, ModelWorth,
-                                       PassWork)
+from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, REMEASURE, WARM_UP,
+                                       ModelWorth, PassWork)
 
 SPECULATE, READ, REST = PassWork.SPECULATE, PassWork.READ, PassWork.REST
 
@@ -20,12 +21,16 @@ def test_it_speculates_in_every_pass_while_warming_up():
     assert worth.this_pass() is SPECULATE
 
 
-def test_it_keeps_speculating_while_the_model_earns_its_share():
+def test_while_the_model_earns_its_share_it_speculates_in_every_pass_but_one_in_which_its_cost_is_measured():
+    """Resting in one pass of REMEASURE, the model leaves passes alone to compare those beside it with; without
+    them its cost would go unmeasured just where it runs the most forwards."""
     worth = ModelWorth()
-    for _ in range(3 * WARM_UP):
+    work = []
+    for _ in range(3 * REMEASURE):
         worth.record(1, 10)  # 10% of the tokens: the model's alone
         assert worth.share >= GAIN_MIN
-        assert worth.this_pass() is SPECULATE
+        work.append(worth.this_pass())
+    assert work == ([SPECULATE] * (REMEASURE - 1) + [REST]) * 3
 
 
 def test_below_its_share_it_probes_once_in_a_few_passes_and_comes_back_when_the_model_helps_again():
@@ -96,7 +101,7 @@ def test_passes_beside_its_speculation_are_compared_with_recent_passes_of_their_
     worth.passed(8, 190.0, PassWork.REST)
     worth.passed(8, 209.0, PassWork.SPECULATE)
     assert worth.costed == 1 and worth.cost == pytest.approx(0.10)
-    for _ in range(FRESH):  # while it earns its share it speculates in every pass
+    for _ in range(FRESH):  # while it earns its share it speculates in all but one pass of REMEASURE
         worth.passed(8, 209.0, PassWork.SPECULATE)
     assert worth.costed == FRESH  # by the last of them, the pass alone is FRESH passes old
     worth.passed(8, 400.0, PassWork.SPECULATE)  # the context has grown since: too old to compare with
