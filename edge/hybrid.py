@@ -97,6 +97,7 @@ class HybridDrafter:
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._pending.clear()
         self._first_verdict = True
+        self.worth.begin()
         self._model_on = self.worth.takes_part(len(prompt_ids))
         for source in self._taking_part():
             source.begin(prompt_ids, params)

@@ -61,8 +61,8 @@ class ModelWorth:
         self._rested = 0  # passes since the last it speculated in, while below its share
         self._in_a_row = 0  # passes it speculated in since the last it rested in
         self._sat_out = 0  # long prompts since the last it read, while below its share
-        self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (moving average of passes with no forward
-        # beside them, the pass that last moved it)
+        self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (the latest pass of this generation with
+        # no forward beside it, its index)
         self._passes = 0
         self.cost = 0.0  # moving average: how much slower a pass is beside the model's speculation (0.06: 6%)
         self.costed = 0  # passes that measured it
@@ -86,12 +86,17 @@ class ModelWorth:
             return
         alone, at = self._alone_ms.get(nodes, (None, 0))
         if work is not PassWork.SPECULATE:
-            ms = compute_ms if alone is None else alone + WEIGHT * (compute_ms - alone)
-            self._alone_ms[nodes] = ms, self._passes
+            self._alone_ms[nodes] = compute_ms, self._passes
         elif alone is not None and self._passes - at <= FRESH:
             self.costed += 1
             weight = max(COST_WEIGHT, 1.0 / self.costed)
             self.cost += weight * (compute_ms / alone - 1.0 - self.cost)
+
+    def begin(self) -> None:
+        """A new generation: its passes run over another context than the last one's (a pass's time grows with
+        the context), so none of those passes alone is compared with (one of a long prompt before a short
+        one had made the model's forwards look free)."""
+        self._alone_ms.clear()
 
     @property
     def gain_min(self) -> float:

@@ -106,3 +106,16 @@ def test_passes_beside_its_speculation_are_compared_with_recent_passes_of_their_
     assert worth.costed == FRESH  # by the last of them, the pass alone is FRESH passes old
     worth.passed(8, 400.0, PassWork.SPECULATE)  # the context has grown since: too old to compare with
     assert worth.costed == FRESH and worth.cost == pytest.approx(0.10)
+
+
+def test_passes_alone_of_an_earlier_generation_are_not_compared_with():
+    """A pass's time grows with the context: one alone over a long prompt would make the model's forwards beside
+    a short prompt's passes look free."""
+    worth = ModelWorth()
+    worth.passed(3, 300.0, PassWork.REST)  # a long prompt's pass
+    worth.begin()
+    worth.passed(3, 110.0, PassWork.SPECULATE)
+    assert worth.costed == 0
+    worth.passed(3, 100.0, PassWork.REST)
+    worth.passed(3, 110.0, PassWork.SPECULATE)
+    assert worth.costed == 1 and worth.cost == pytest.approx(0.10)
