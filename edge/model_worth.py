@@ -38,7 +38,8 @@ GAIN_FLOOR = 0.01  # the least share it must draft, where its forwards cost the 
 COST_WEIGHT = 0.05  # the newest pass's weight in the cost's moving average (a host's property: slow to change)
 COSTED = 8  # passes beside its speculation, each against passes of its tree size without, before the cost counts
 FRESH = 8  # passes: a pass alone older than this is not compared with (a pass's time grows with the context)
-PROBE = 4  # below it, it speculates in one pass of this many
+PROBE = 4  # below it, it speculates in one pass of this many at first,
+PROBE_MOST = 32  # and in one of twice as many after each probe that leaves it below, up to this many
 REMEASURE = 16  # while it earns its share, it rests in one pass of this many (its cost: a 16th of its share)
 WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
 WARM_UP = 8  # measured rounds before the share decides anything
@@ -60,6 +61,7 @@ class ModelWorth:
         self.measured = 0
         self._rested = 0  # passes since the last it speculated in, while below its share
         self._in_a_row = 0  # passes it speculated in since the last it rested in
+        self._probe_every = PROBE  # passes, while below its share
         self._sat_out = 0  # long prompts since the last it read, while below its share
         self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (the latest pass of this generation with
         # no forward beside it, its index)
@@ -109,11 +111,16 @@ class ModelWorth:
 
     def this_pass(self) -> PassWork:
         """What the model does during the pass about to start (called once per pass)."""
-        self._rested, now = _probe(self._rested, self.earning)
+        earning = self.earning
+        self._rested, now = _probe(self._rested, earning, self._probe_every)
+        if earning:
+            self._probe_every = PROBE
+        elif now:  # a probe: until one brings it back, the next waits twice as long
+            self._probe_every = min(2 * self._probe_every, PROBE_MOST)
         if now and self._in_a_row + 1 < REMEASURE:
             self._in_a_row += 1
             return PassWork.SPECULATE
-        if not now and self._rested + 1 >= PROBE:  # the next pass probes
+        if not now and self._rested + 1 >= self._probe_every:  # the next pass probes
             return PassWork.READ
         self._in_a_row = 0
         return PassWork.REST
@@ -122,13 +129,13 @@ class ModelWorth:
         """Whether the model reads this generation's prompt and drafts in it (called once per generation)."""
         if prompt_tokens <= LONG_PROMPT:
             return True
-        self._sat_out, now = _probe(self._sat_out, self.earning)
+        self._sat_out, now = _probe(self._sat_out, self.earning, PROBE)
         return now
 
 
-def _probe(skipped: int, earning: bool) -> tuple[int, bool]:
+def _probe(skipped: int, earning: bool, every: int) -> tuple[int, bool]:
     """(chances skipped since the last taken, whether to take this one): every one while earning, else one
-    in PROBE."""
-    if earning or skipped + 1 >= PROBE:
+    in `every`."""
+    if earning or skipped + 1 >= every:
         return 0, True
     return skipped + 1, False

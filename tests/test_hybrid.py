@@ -248,19 +248,20 @@ def test_a_drafter_that_speculates_gets_every_pass_even_with_nothing_to_send():
 
 def test_a_model_whose_own_nodes_are_never_accepted_speculates_in_one_pass_of_a_few():
     """Where the verdicts take only what retrieval proposed too, the model's forwards during the pass add
-    nothing: once it has measured that, it speculates in one pass of PROBE, only reads the committed text in
-    the pass before (steps=0) and runs no forward in the others (edge/model_worth.py)."""
+    nothing: once it has measured that, it speculates in one pass of PROBE, then of twice as many, and so on; it
+    only reads the committed text in the pass before (steps=0) and runs no forward in the others
+    (edge/model_worth.py)."""
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
     hybrid = HybridDrafter(retrieval, model, max_nodes=64)
     hybrid.begin([1])
     per_pass = []  # what the model was asked to do during each pass: its speculations' most forwards
-    for _ in range(WARM_UP + 1 + 3 * PROBE):
+    for _ in range(WARM_UP + 1 + 7 * PROBE):
         before = len(model.steps)
         serial_round(hybrid, (10, 11, 12))
         per_pass.append(model.steps[before:])
     # The first pass's tree is not measured (no pass before it), so WARM_UP + 1 passes warm up.
     assert per_pass[: WARM_UP + 1] == [[None]] * (WARM_UP + 1)
-    assert per_pass[WARM_UP + 1 :] == ([[]] * (PROBE - 2) + [[0], [None]]) * 3
+    assert per_pass[WARM_UP + 1 :] == sum(([[]] * (n - 2) + [[0], [None]] for n in (PROBE, 2 * PROBE, 4 * PROBE)), [])
 
 
 def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside_it():

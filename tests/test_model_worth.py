@@ -1,14 +1,14 @@
 """When the hybrid's model speculates during a pass: in every pass while it warms up and while the tokens only
 it drafted are at least the share by which its forwards slow the verifier's passes beside them (GAIN_MIN
-until measured); below that, in one pass of PROBE, reading the committed text in the pass before and
+until measured); below that, in one pass of PROBE and then ever fewer, reading the committed text in the pass before and
 resting in the others (and while it earns its share, it rests in one pass of REMEASURE, so that what its
 forwards cost stays measured); it takes part in one generation of PROBE whose prompt is longer than
 LONG_PROMPT."""
 
 import pytest
 
-from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, REMEASURE, WARM_UP,
-                                       ModelWorth, PassWork)
+from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, PROBE_MOST, REMEASURE,
+                                       WARM_UP, ModelWorth, PassWork)
 
 SPECULATE, READ, REST = PassWork.SPECULATE, PassWork.READ, PassWork.REST
 
@@ -33,13 +33,25 @@ def test_while_the_model_earns_its_share_it_speculates_in_every_pass_but_one_in_
     assert work == ([SPECULATE] * (REMEASURE - 1) + [REST]) * 3
 
 
-def test_below_its_share_it_probes_once_in_a_few_passes_and_comes_back_when_the_model_helps_again():
+def probes(every: int) -> list[PassWork]:
+    return [REST] * (every - 2) + [READ, SPECULATE]
+
+
+def test_below_its_share_it_probes_ever_more_rarely_and_comes_back_when_the_model_helps_again():
+    """Once in PROBE passes, then in twice as many after each probe that leaves it below its share, up to
+    PROBE_MOST: a probe costs the pass beside it what any speculation does, and one that finds the model's
+    tokens (the share is a moving average over speculated rounds) brings it back at once."""
     worth = ModelWorth()
     for _ in range(WARM_UP):
         worth.record(0, 3)
-    assert [worth.this_pass() for _ in range(2 * PROBE)] == ([REST] * (PROBE - 2) + [READ, SPECULATE]) * 2
+    waits = [PROBE * 2**k for k in range(8) if PROBE * 2**k <= PROBE_MOST]
+    assert waits[0] == PROBE and waits[-1] == PROBE_MOST and len(waits) > 2
+    assert [worth.this_pass() for _ in range(sum(waits) + PROBE_MOST)] == sum(map(probes, waits + [PROBE_MOST]), [])
     worth.record(2, 3)  # the probe's tree: two of its three tokens were the model's alone
     assert [worth.this_pass() for _ in range(PROBE)] == [SPECULATE] * PROBE
+    for _ in range(3 * WARM_UP):
+        worth.record(0, 3)
+    assert [worth.this_pass() for _ in range(2 * PROBE)] == probes(PROBE) + probes(2 * PROBE)[: PROBE]
 
 
 def test_the_share_is_a_moving_average_of_recent_rounds():
