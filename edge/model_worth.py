@@ -8,24 +8,25 @@ text, Gemma 3 270M target, SmolLM2 drafting) the model alone drafted 3% of the c
 category (BENCHMARKS.md section 6, "The model speculates where it earns it").
 
 What the forwards cost the verifier is measured, not assumed: each verdict's pass time (compute_ms) beside
-the model's speculation against recent passes of the same tree size with no forward beside them. The model
-must draft at least that share of the committed tokens alone (a pass slower by 6% pays where 6% more tokens
-come out of it), GAIN_MIN until it has been measured, and GAIN_FLOOR at least (the edge's energy). On
-separate machines the cost is nothing; on the benchmarks' 2-core host, with the model resting between its
-probes, it measured 0.3% (section 6, "The model rests between probes").
+the model's speculation against the latest pass of the same tree size, in the same generation (a pass's
+time grows with the context), with no forward beside it. The model must draft at least that share of the
+committed tokens alone (a pass slower by 6% pays where 6% more tokens come out of it), GAIN_MIN until it
+has been measured, and GAIN_FLOOR at least (the edge's energy). While it earns its share it rests in one
+pass of REMEASURE, so that there are passes alone to compare with. On separate machines the cost is
+nothing; on the benchmarks' 2-core host it measured 5-7.5% (section 6, "What the model's forwards cost,
+pass by pass").
 
-While it earns its share it rests in one pass of REMEASURE: without passes alone to compare with, the cost
-would go unmeasured just where the model runs the most forwards (a blind spot the thirty-first session's
-runs showed: translation's passes beside the earning model were 15-20% slower than retrieval's, unseen).
-
-Below that share the model speculates in one pass of PROBE only, which keeps measuring its share so that it
-comes back where the text turns to what it drafts well. In the pass before a probe it only reads the text
-committed since it last ran (one batched forward), so that the probe's forwards start where the text is; in
-the others it runs no forward at all (reading in every pass had cost the hybrid 1.3%, within one run's
-noise). A long prompt costs the most to read (seconds of batched forwards beside the verifier's prefill and
-first passes: summarization and rag lost 10% and 4% to retrieval with the model speculating in one pass of
-four), and the model adds least where the output copies from the prompt: below its share it sits out a
-generation whose prompt is longer than LONG_PROMPT, except one in PROBE.
+Below that share the model speculates in one pass of PROBE, which keeps measuring its share so that it comes
+back where the text turns to what it drafts well; each probe that leaves it below doubles the wait for the
+next, up to PROBE_MOST passes (a probe's pass is 7.5% slower, as any beside its speculation: probes in one
+pass of four cost the passes about 2%, where the model drafted about 1% of the tokens alone in the rounds it
+speculated for). In the pass before a probe it only reads the text committed since it last ran (one batched
+forward), so that the probe's forwards start where the text is; in the others it runs no forward at all
+(reading in every pass had cost the hybrid 1.3%, within one run's noise). A long prompt costs the most to
+read (seconds of batched forwards beside the verifier's prefill and first passes: summarization and rag
+lost 10% and 4% to retrieval with the model speculating in one pass of four), and the model adds least
+where the output copies from the prompt: below its share it sits out a generation whose prompt is longer
+than LONG_PROMPT, except one in PROBE.
 """
 
 from __future__ import annotations
