@@ -167,9 +167,12 @@ class ModelDrafter:
         """`known_only`: draft only from logits computed already (by `speculate`), running no forward now (the
         hybrid's part of a tree, edge/hybrid.py)."""
         self._known_only = known_only
-        if self._reading_backlog():
+        if known_only:  # nothing is read now either: a backlog read here would run beside the passes to come
+            if not self.ready(timeout=0) or not self.context or not self._known([]):
+                return DraftTree.empty()
+        elif self._reading_backlog():
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
-        if not self.context or (self.bridge.cross and self.bridge.pending) or (known_only and not self._known([])):
+        if not self.context or (self.bridge.cross and self.bridge.pending):
             return DraftTree.empty()
         if self.params.greedy:
             nodes, proposals = (self._slem() if self.bridge.cross else self._greedy()), None

@@ -355,6 +355,26 @@ def test_a_verdict_longer_than_a_pass_could_read_is_read_in_the_background(real_
     assert len(drafter.propose()) > 0
 
 
+@pytest.mark.parametrize("target", ["smollm2-135m", "gemma3-270m"], ids=["same-vocab", "SLEM"])
+def test_a_known_only_draft_starts_no_read_of_a_backlog(real_model, target, monkeypatch):
+    """The hybrid asks for the model's part of every tree with `known_only`, also in the passes its model
+    rests in (edge/model_worth.py): a backlog read started there would run beside the passes to come, which
+    the rest is for. It reads when it next speculates."""
+    drafter, edge_tokenizer = _drafter_past_prompt(real_model, target)
+    verdict = edge_tokenizer.encode(PROMPT * 8)
+    drafter.observe(DraftTree.empty(), StepResult(tokens=verdict, accepted=[], compute_ms=50.0))
+    drafter.round_ms, drafter.read_ms = 1.0, 1.0  # far more unread than one pass could read
+    forwards = []
+    for name in ("logits", "prefill"):
+        run = getattr(drafter.model, name)
+        monkeypatch.setattr(drafter.model, name, lambda *a, run=run, **k: forwards.append(1) or run(*a, **k))
+    assert len(drafter.propose(known_only=True)) == 0
+    assert not drafter.reading and not forwards
+    drafter.speculate(stop=lambda: False)
+    assert drafter.reading or forwards  # (a fast host may be done already)
+    assert drafter.ready(timeout=60) and drafter._unread() == 0
+
+
 def test_a_verdicts_text_is_retokenised_only_when_the_models_context_is_next_wanted(real_model):
     """Re-tokenising a verdict for the drafter's vocabulary (~0.3 ms a round across vocabularies) waits until
     the context is wanted, and then takes every round's tokens at once, giving the context that committing
