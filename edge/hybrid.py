@@ -97,6 +97,7 @@ class HybridDrafter:
     def begin(self, prompt_ids: list[int], params: SamplingParams | None = None) -> None:
         self._pending.clear()
         self._first_verdict = True
+        self._speculated = False
         self.worth.begin()
         self._model_on = self.worth.takes_part(len(prompt_ids))
         for source in self._taking_part():
@@ -118,7 +119,9 @@ class HybridDrafter:
 
     def _draft(self, path: list[int], ahead: bool) -> DraftTree:
         retrieval, model = self.sources
-        model_draft = model.propose_after(path, known_only=True) if self._model_on else DraftTree.empty()
+        # (Without a speculation since the last tree the model computed nothing to draft from, and asking costs
+        # a round the re-tokenising of the committed text, which the next speculation does beside a pass.)
+        model_draft = model.propose_after(path, known_only=True) if self._speculated else DraftTree.empty()
         rnd = _Round((retrieval.propose().after(path), model_draft), [], ahead, path, speculated=self._speculated)
         self._speculated = False
         self._pending.append(rnd)
