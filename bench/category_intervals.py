@@ -5,7 +5,8 @@ wall time, summed over the category's prompts), the method's ratio to the best o
 bootstrap interval of that ratio over the category's prompts. The interval covers the choice of prompts
 only, not what differs between runs (the drafters' state carried from earlier prompts, the machine): two
 runs of six prompts per category differed by up to 7% in a category (BENCHMARKS.md section 6), so pool
-several runs before judging one.
+several runs before judging one, or run an A/A copy beside the methods (bench/perturbed.py: with 10
+prompts a category it moved categories by up to 6.5% in one run).
 
     python -m specedge.bench.category_intervals RUNS.jsonl [RUNS.jsonl ...] [--method hybrid]
         [--against retrieval,model:smollm2-135m] [--baseline server-ar]

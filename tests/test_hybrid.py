@@ -318,7 +318,7 @@ def test_a_model_that_does_not_earn_its_forwards_sits_out_long_prompts_but_one_i
     for _ in range(2 * PROBE):
         begun, speculated = model.begun, len(model.steps)
         hybrid.begin([1] * (LONG_PROMPT + 1))
-        tree = serial_round(hybrid, (10, 11, 12))
+        serial_round(hybrid, (10, 11, 12))
         took_part = model.begun > begun
         if not took_part:
             assert len(model.steps) == speculated  # not even a read
