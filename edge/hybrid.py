@@ -25,7 +25,7 @@ merged nodes is the whole decision. What remains is the model's work beside the 
 where edge and verifier are separate machines, and on one machine shared with the verifier it may slow the
 pass (memory bandwidth); the benchmarks' figures include it. The hybrid measures that cost from the
 verdicts' pass times, and where the model's own accepted tokens are too few to pay for it (or for the
-edge's energy), the model speculates in one pass of a few only and sits out generations with long prompts
+edge's energy), the model speculates in one pass of a few only and sits out most generations
 (edge/model_worth.py).
 
 A tree sent ahead hangs below the likeliest path of the tree in flight (`propose_after`): retrieval's part
@@ -99,7 +99,7 @@ class HybridDrafter:
         self._first_verdict = True
         self._speculated = False
         self.worth.begin()
-        self._model_on = self.worth.takes_part(len(prompt_ids))
+        self._model_on = self.worth.takes_part()
         for source in self._taking_part():
             source.begin(prompt_ids, params)
 

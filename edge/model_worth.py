@@ -22,11 +22,13 @@ next, up to PROBE_MOST passes (a probe's pass is 7.5% slower, as any beside its 
 pass of four cost the passes about 2%, where the model drafted about 1% of the tokens alone in the rounds it
 speculated for). In the pass before a probe it only reads the text committed since it last ran (one batched
 forward), so that the probe's forwards start where the text is; in the others it runs no forward at all
-(reading in every pass had cost the hybrid 1.3%, within one run's noise). A long prompt costs the most to
-read (seconds of batched forwards beside the verifier's prefill and first passes: summarization and rag
-lost 10% and 4% to retrieval with the model speculating in one pass of four), and the model adds least
-where the output copies from the prompt: below its share it sits out a generation whose prompt is longer
-than LONG_PROMPT, except one in PROBE.
+(reading in every pass had cost the hybrid 1.3%, within one run's noise). Taking part in a generation
+means reading its prompt first, batched forwards beside the verifier's prefill and first passes (a long
+prompt's for seconds: summarization and rag lost 10% and 4% to retrieval with the model speculating in one
+pass of four); most of what the model read beside the passes was prompts. So below its share it sits out
+every generation but one in PROBE (in one run of 39 prompts the hybrid was then 0.2% behind retrieval,
+where reading every prompt up to 512 tokens it had been 2.2% behind: BENCHMARKS.md section 6, "The resting
+model read beside most passes").
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ PROBE_MOST = 32  # and in one of twice as many after each probe that leaves it b
 REMEASURE = 16  # while it earns its share, it rests in one pass of this many (its cost: a 16th of its share)
 WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
 WARM_UP = 8  # measured rounds before the share decides anything
-LONG_PROMPT = 512  # target tokens (Spec-Bench's rag and most summarization prompts are longer, the rest shorter)
 
 
 class PassWork(Enum):
@@ -63,7 +64,7 @@ class ModelWorth:
         self._rested = 0  # passes since the last it speculated in, while below its share
         self._in_a_row = 0  # passes it speculated in since the last it rested in
         self._probe_every = PROBE  # passes, while below its share
-        self._sat_out = 0  # long prompts since the last it read, while below its share
+        self._sat_out = 0  # generations since the last it took part in, while below its share
         self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (the latest pass of this generation with
         # no forward beside it, its index)
         self._passes = 0
@@ -126,10 +127,8 @@ class ModelWorth:
         self._in_a_row = 0
         return PassWork.REST
 
-    def takes_part(self, prompt_tokens: int) -> bool:
+    def takes_part(self) -> bool:
         """Whether the model reads this generation's prompt and drafts in it (called once per generation)."""
-        if prompt_tokens <= LONG_PROMPT:
-            return True
         self._sat_out, now = _probe(self._sat_out, self.earning, PROBE)
         return now
 

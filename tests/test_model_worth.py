@@ -2,12 +2,11 @@
 it drafted are at least the share by which its forwards slow the verifier's passes beside them (GAIN_MIN
 until measured); below that, in one pass of PROBE and then ever fewer, reading the committed text in the pass before and
 resting in the others (and while it earns its share, it rests in one pass of REMEASURE, so that what its
-forwards cost stays measured); it takes part in one generation of PROBE whose prompt is longer than
-LONG_PROMPT."""
+forwards cost stays measured); below its share it takes part in one generation of PROBE."""
 
 import pytest
 
-from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, LONG_PROMPT, PROBE, PROBE_MOST, REMEASURE,
+from specedge.edge.model_worth import (COSTED, FRESH, GAIN_FLOOR, GAIN_MIN, PROBE, PROBE_MOST, REMEASURE,
                                        WARM_UP, ModelWorth, PassWork)
 
 SPECULATE, READ, REST = PassWork.SPECULATE, PassWork.READ, PassWork.REST
@@ -64,15 +63,15 @@ def test_the_share_is_a_moving_average_of_recent_rounds():
     assert worth.share < 0.01  # what the model drafted long ago no longer counts
 
 
-def test_below_its_share_it_takes_part_in_one_long_prompt_of_a_few_and_in_every_short_one():
+def test_below_its_share_it_takes_part_in_one_generation_of_a_few():
+    """Taking part means reading the prompt first: forwards beside the verifier's prefill and first passes."""
     worth = ModelWorth()
-    assert worth.takes_part(LONG_PROMPT + 1)  # warming up
+    assert worth.takes_part()  # warming up
     for _ in range(WARM_UP):
         worth.record(0, 3)
-    assert [worth.takes_part(LONG_PROMPT + 1) for _ in range(2 * PROBE)] == ([False] * (PROBE - 1) + [True]) * 2
-    assert all(worth.takes_part(LONG_PROMPT) for _ in range(PROBE))
+    assert [worth.takes_part() for _ in range(2 * PROBE)] == ([False] * (PROBE - 1) + [True]) * 2
     worth.record(3, 3)
-    assert all(worth.takes_part(LONG_PROMPT + 1) for _ in range(PROBE))
+    assert all(worth.takes_part() for _ in range(PROBE))
 
 
 def measured(pass_ms_beside_speculation: float) -> ModelWorth:
