@@ -282,12 +282,17 @@ def test_sampled_drafts_keep_the_target_distribution(real_model, target, drafter
     assert model.ready(timeout=60)
     if drafter_name.startswith("hybrid"):  # its model drafts from what it computed during a pass
         model.speculate(stop=lambda: False)
+
+    def propose() -> DraftTree:
+        if drafter_name.startswith("hybrid"):
+            drafter._speculated = True  # every trial's tree is drafted as after that pass
+        return drafter.propose()
     seen = np.zeros((TRIALS, 2), dtype=np.int64)
     with_proposals = mixed = 0
     for start in range(0, TRIALS, BATCH):
         trials = range(start, min(start + BATCH, TRIALS))
         seqs = [engine.add_sequence(prompt, SamplingParams(**{**params.__dict__, "seed": t})) for t in trials]
-        trees = [drafter.propose() for _ in trials]
+        trees = [propose() for _ in trials]
         with_proposals += sum(bool(t.proposals) for t in trees)
         mixed += sum(any(kids and parent not in (t.proposals or {}) for parent, kids in enumerate(t.children(), -1))
                      for t in trees)
