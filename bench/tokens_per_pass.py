@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     from specedge.bench import perturbed
+    from specedge.bench.workloads import load_prompts
     from specedge.cloud.engine import Engine
     from specedge.cloud.local import LocalVerifier
     from specedge.cloud.model_registry import eos_token_ids, load_model
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     perturbed.install()
     from specedge.edge.registry import make_drafter
 
-    prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
+    prompts = load_prompts(argparse.Namespace(prompts=args.prompts, workload=None))
     names = [n for n in args.drafters.split(",") if n]
     hf, hf_tokenizer = load_model(args.model)
     tokenizer = EdgeTokenizer.from_transformers(hf_tokenizer)
@@ -78,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     rounds: dict[str, dict[str, int]] = {}  # prompt -> drafter -> passes
     out = args.out.open("w") if args.out else None
     for n, q in enumerate(prompts, start=1):
-        text, category = q.get("prompt") or q["turns"][0], q.get("category", "all")
-        ids = tokenizer.encode_prompt(text)
+        category = q.category
+        ids = tokenizer.encode_prompt(q.text)
         reference = None
         for name in names:
             engine.pool.drop_cached()
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         out.close()
     print("| category | " + " | ".join(f"{m} tokens/pass" for m in names) + " |")
     print("|---" * (len(names) + 1) + "|")
-    for category in dict.fromkeys(q.get("category", "all") for q in prompts):
+    for category in dict.fromkeys(q.category for q in prompts):
         print(f"| {category} | " + " | ".join(f"{t / p:.3f}" for t, p in (totals[(m, category)] for m in names)) + " |")
     for name in names[1:]:
         ratio, sd, se = passes_against(rounds, name, names[0])
