@@ -22,6 +22,9 @@ verifier's would: drafting models then pay their real drafting time and do their
     .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --chat --hints model --cost flat
     taskset -c 0 .venv/bin/python bench/replay.py bench-out/model-drafting/runs.jsonl --model gemma3-270m \
         --drafters retrieval,model:smollm2-135m,hybrid --timed --base-ms 89 --rtt-ms 80
+
+With --out each generation is also written as a runs.jsonl row, so that bench/category_intervals.py gives
+per-category intervals over the prompts (`--baseline ar`: plain decoding's modelled time).
 """
 
 from __future__ import annotations
@@ -194,6 +197,9 @@ def main() -> None:
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="with --timed: a network round trip per pass")
     ap.add_argument("--hints", choices=("on-path", "model"), default=None,
                     help="verdicts carry the verifier's hints (see above)")
+    ap.add_argument("--out", type=Path, default=None, metavar="RUNS.jsonl",
+                    help="also write a row per generation (and one per prompt for plain decoding, method `ar`, "
+                         "its modelled time) that bench/category_intervals.py reads")
     ap.add_argument("--by-source", action="store_true",
                     help="also print, per retrieval drafter, its nodes' acceptance by source and depth")
     ap.add_argument("--cost", choices=("cpu", "flat"), default="cpu",
@@ -212,6 +218,7 @@ def main() -> None:
 
         engine = Engine.from_hf_model(load_model(args.model)[0], kv_pool_bytes=256 << 20)
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
+    rows = [generation_row("ar", p, refs[p.id], (len(refs[p.id]) - 1) * args.base_ms) for p in prompts]
     by_source: dict[str, dict] = {}
     for name in args.drafters.split(","):
         if name == "suffix":
@@ -231,6 +238,7 @@ def main() -> None:
             decode_ms = (r.wall_s - r.ttft_s) * 1e3 if args.timed else sum(session.pass_ms[1:]) + sum(r.draft_ms[1:])
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
                 totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:])
+            rows.append(generation_row(name, p, r.token_ids, decode_ms))
         retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
         by_source[name] = getattr(retrieval, "verdicts_by_source", {})
     # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only).
@@ -243,6 +251,15 @@ def main() -> None:
               f"{statistics.median(t.draft_ms):>9.2f}{statistics.mean(t.draft_ms):>7.1f}")
     if args.by_source:
         print_by_source(by_source)
+    if args.out is not None:
+        args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def generation_row(method: str, prompt, tokens: list[int], decode_ms: float) -> dict:
+    """A runs.jsonl row as bench/category_intervals.py reads it: the first token (the prefill's) left out of
+    both the tokens and the time, as in the printed speedups."""
+    return {"method": method, "prompt": prompt.id, "category": prompt.category, "tokens": tokens[1:],
+            "wall_s": decode_ms / 1e3}
 
 
 def print_by_source(by_source: dict[str, dict]) -> None:

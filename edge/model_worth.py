@@ -26,9 +26,11 @@ forward), so that the probe's forwards start where the text is; in the others it
 means reading its prompt first, batched forwards beside the verifier's prefill and first passes (a long
 prompt's for seconds: summarization and rag lost 10% and 4% to retrieval with the model speculating in one
 pass of four); most of what the model read beside the passes was prompts. So below its share it sits out
-every generation but one in PROBE (in one run of 39 prompts the hybrid was then 0.2% behind retrieval,
-where reading every prompt up to 512 tokens it had been 2.2% behind: BENCHMARKS.md section 6, "The resting
-model read beside most passes").
+every generation but one in PROBE, and, as with passes, twice as many after each generation it took part in
+that left it below, up to PROBE_MOST (in one run of 39 prompts sitting out all but one in four left the
+hybrid 0.2% behind retrieval, where reading every prompt up to 512 tokens it had been 2.2% behind; on 130
+prompts backing off was 0.8% ahead of one in four: BENCHMARKS.md section 6, "The resting model read beside
+most passes" and "The run the last subsection asked for").
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ GAIN_FLOOR = 0.01  # the least share it must draft, where its forwards cost the 
 COST_WEIGHT = 0.05  # the newest pass's weight in the cost's moving average (a host's property: slow to change)
 COSTED = 8  # passes beside its speculation, each against passes of its tree size without, before the cost counts
 FRESH = 8  # passes: a pass alone older than this is not compared with (a pass's time grows with the context)
-PROBE = 4  # below it, it speculates in one pass of this many at first,
+PROBE = 4  # below it, it speculates in one pass (and takes part in one generation) of this many at first,
 PROBE_MOST = 32  # and in one of twice as many after each probe that leaves it below, up to this many
 REMEASURE = 16  # while it earns its share, it rests in one pass of this many (its cost: a 16th of its share)
 WEIGHT = 0.1  # the newest measured round's weight in the moving averages (about the last ten rounds)
@@ -65,6 +67,7 @@ class ModelWorth:
         self._in_a_row = 0  # passes it speculated in since the last it rested in
         self._probe_every = PROBE  # passes, while below its share
         self._sat_out = 0  # generations since the last it took part in, while below its share
+        self._take_part_every = PROBE  # generations, while below its share
         self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (the latest pass of this generation with
         # no forward beside it, its index)
         self._passes = 0
@@ -115,10 +118,7 @@ class ModelWorth:
         """What the model does during the pass about to start (called once per pass)."""
         earning = self.earning
         self._rested, now = _probe(self._rested, earning, self._probe_every)
-        if earning:
-            self._probe_every = PROBE
-        elif now:  # a probe: until one brings it back, the next waits twice as long
-            self._probe_every = min(2 * self._probe_every, PROBE_MOST)
+        self._probe_every = _next_wait(self._probe_every, earning, now)
         if now and self._in_a_row + 1 < REMEASURE:
             self._in_a_row += 1
             return PassWork.SPECULATE
@@ -128,9 +128,21 @@ class ModelWorth:
         return PassWork.REST
 
     def takes_part(self) -> bool:
-        """Whether the model reads this generation's prompt and drafts in it (called once per generation)."""
-        self._sat_out, now = _probe(self._sat_out, self.earning, PROBE)
+        """Whether the model reads this generation's prompt and drafts in it (called once per generation):
+        below its share in one generation of PROBE, then, as with passes, twice as few after each that
+        leaves it below, up to PROBE_MOST."""
+        earning = self.earning
+        self._sat_out, now = _probe(self._sat_out, earning, self._take_part_every)
+        self._take_part_every = _next_wait(self._take_part_every, earning, now)
         return now
+
+
+def _next_wait(every: int, earning: bool, probed: bool) -> int:
+    """One chance in how many to take next: PROBE while earning; after a probe that leaves it below its
+    share, twice as many, up to PROBE_MOST."""
+    if earning:
+        return PROBE
+    return min(2 * every, PROBE_MOST) if probed else every
 
 
 def _probe(skipped: int, earning: bool, every: int) -> tuple[int, bool]:

@@ -2,7 +2,7 @@
 it drafted are at least the share by which its forwards slow the verifier's passes beside them (GAIN_MIN
 until measured); below that, in one pass of PROBE and then ever fewer, reading the committed text in the pass before and
 resting in the others (and while it earns its share, it rests in one pass of REMEASURE, so that what its
-forwards cost stays measured); below its share it takes part in one generation of PROBE."""
+forwards cost stays measured); below its share it takes part in one generation of PROBE, and in ever fewer."""
 
 import pytest
 
@@ -63,15 +63,26 @@ def test_the_share_is_a_moving_average_of_recent_rounds():
     assert worth.share < 0.01  # what the model drafted long ago no longer counts
 
 
-def test_below_its_share_it_takes_part_in_one_generation_of_a_few():
-    """Taking part means reading the prompt first: forwards beside the verifier's prefill and first passes."""
+def takes_part_in(every: int) -> list[bool]:
+    return [False] * (every - 1) + [True]
+
+
+def test_below_its_share_it_takes_part_in_ever_fewer_generations_and_in_all_once_the_model_helps():
+    """Taking part means reading the prompt first: forwards beside the verifier's prefill and first passes.
+    Below its share it takes part in one generation of PROBE, then, after each that leaves it below, in
+    twice as few, up to PROBE_MOST (as it probes passes)."""
     worth = ModelWorth()
     assert worth.takes_part()  # warming up
     for _ in range(WARM_UP):
         worth.record(0, 3)
-    assert [worth.takes_part() for _ in range(2 * PROBE)] == ([False] * (PROBE - 1) + [True]) * 2
+    waits = [PROBE * 2**k for k in range(8) if PROBE * 2**k <= PROBE_MOST]
+    expected = sum(map(takes_part_in, waits + [PROBE_MOST]), [])
+    assert [worth.takes_part() for _ in range(len(expected))] == expected
     worth.record(3, 3)
     assert all(worth.takes_part() for _ in range(PROBE))
+    for _ in range(WARM_UP):
+        worth.record(0, 3)
+    assert [worth.takes_part() for _ in range(PROBE)] == takes_part_in(PROBE)  # the back-off starts again
 
 
 def measured(pass_ms_beside_speculation: float) -> ModelWorth:

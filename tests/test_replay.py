@@ -47,3 +47,17 @@ def test_timed_replay_leaves_out_a_categorys_first_prompts_and_times_passes_for_
     accepted, _, speedup, *_ = table["retrieval", "all"]
     # A round costs a pass of at least 20 ms plus 10 ms of network, plain decoding 20 ms per token.
     assert accepted > 3 and 1.0 < speedup < accepted * 20 / 30
+
+
+def test_replay_writes_rows_that_category_intervals_reads_with_the_printed_speedup(tmp_path):
+    from specedge.bench.category_intervals import category_intervals
+
+    out = tmp_path / "replayed.jsonl"
+    table = replay(tmp_path, "--drafters", "retrieval,suffix", "--out", str(out))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted({r["method"] for r in rows}) == ["ar", "retrieval", "suffix"] and len(rows) == 3 * 4
+    by_category = {r["category"]: r for r in category_intervals(rows, "retrieval", ["suffix"], baseline="ar")}
+    for category in ("summarization", "qa", "all"):
+        speed = by_category[category]["speed"]
+        assert speed["retrieval"] == pytest.approx(table["retrieval", category][2], abs=0.01)
+        assert speed["suffix"] == pytest.approx(table["suffix", category][2], abs=0.01)
