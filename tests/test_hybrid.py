@@ -15,7 +15,7 @@ from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.edge.generation import generate
 from specedge.edge.hybrid import HybridDrafter
-from specedge.edge.model_worth import PROBE, REMEASURE, WARM_UP
+from specedge.edge.model_worth import COSTED, PROBE, REMEASURE, WARM_UP
 
 
 class Scripted:
@@ -61,6 +61,13 @@ def paths(tree: DraftTree) -> dict[tuple[int, ...], float]:
 # Retrieval: 10 -> 11 -> 12 (confident), and 20. Model: 10 -> 13 (its own continuation), and 30.
 RETRIEVAL = DraftTree([10, 11, 12, 20], [-1, 0, 1, -1], accept_probs=[0.9, 0.8, 0.7, 0.2])
 MODEL = DraftTree([10, 13, 30], [-1, 0, -1], accept_probs=[0.95, 0.5, 0.1])
+
+
+def cost_measured(hybrid: HybridDrafter, cost: float = 0.0) -> HybridDrafter:
+    """As once what the model's forwards cost the verifier's passes is measured (until then it rests in every
+    other pass, edge/model_worth.py): `cost` 0 as on separate machines."""
+    hybrid.worth.costed, hybrid.worth.cost = COSTED, cost
+    return hybrid
 
 
 def after_a_speculation(hybrid: HybridDrafter) -> HybridDrafter:
@@ -129,7 +136,7 @@ def test_every_tree_serial_or_ahead_takes_only_what_the_model_computed_during_th
     (at 0 ms, every ms of it idle) and make a tree ahead late (BENCHMARKS.md section 8). Its nodes are in
     every tree drafted after a pass, serial rounds' and trees ahead, and the verifier commits them."""
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL_ADDS)
-    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid = cost_measured(HybridDrafter(retrieval, model, max_nodes=64))
     hybrid.begin([1])
     take = (10, 13, 14, 15)
     trees = [serial_round(hybrid, take) for _ in range(5)] + pipelined_rounds(hybrid, 5, take)
@@ -146,12 +153,12 @@ def test_during_each_pass_the_model_reads_the_likely_verdict_and_computes_beyond
     the model's 10-13 at 0.5); during a tree ahead's, after that tree's likeliest path, which the generation
     loop gives."""
     model = Scripted(MODEL)
-    hybrid = HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64)
+    hybrid = cost_measured(HybridDrafter(Scripted(RETRIEVAL), model, max_nodes=64))
     hybrid.begin([1])
     serial_round(hybrid, (10, 11, 12))
     assert model.read_aheads == [[10, 11, 12]]
     model = Scripted(MODEL)
-    hybrid = HybridDrafter(Scripted(REPEATING), model, max_nodes=64)  # (10-11-12 beyond 10-11-12-99 too)
+    hybrid = cost_measured(HybridDrafter(Scripted(REPEATING), model, max_nodes=64))  # (10-11-12 beyond 10-11-12-99 too)
     hybrid.begin([1])
     pipelined_rounds(hybrid, 3, (10, 11, 12))
     assert model.read_aheads == [[10, 11, 12, 99]] * 3
@@ -260,7 +267,7 @@ def test_a_model_whose_own_nodes_are_never_accepted_speculates_in_one_pass_of_a_
     only reads the committed text in the pass before (steps=0) and runs no forward in the others
     (edge/model_worth.py)."""
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
-    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid = cost_measured(HybridDrafter(retrieval, model, max_nodes=64))
     hybrid.begin([1])
     per_pass = []  # what the model was asked to do during each pass: its speculations' most forwards
     for _ in range(WARM_UP + 1 + 7 * PROBE):
@@ -295,7 +302,7 @@ def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside
 
 def test_a_model_whose_own_nodes_are_accepted_speculates_in_every_pass_but_one_left_alone_to_measure_its_cost():
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
-    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid = cost_measured(HybridDrafter(retrieval, model, max_nodes=64))
     hybrid.begin([1])
     per_pass = []
     for _ in range(3 * REMEASURE):
@@ -310,7 +317,7 @@ def test_a_model_that_does_not_earn_its_forwards_sits_out_generations_but_one_in
     first passes: once its own nodes have not been accepted, the model neither reads nor drafts in a
     generation, except in one of PROBE, and then in ever fewer (edge/model_worth.py)."""
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
-    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
+    hybrid = cost_measured(HybridDrafter(retrieval, model, max_nodes=64))
     hybrid.begin([1])
     for _ in range(WARM_UP + 1):
         serial_round(hybrid, (10, 11, 12))
