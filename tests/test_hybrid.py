@@ -64,8 +64,8 @@ MODEL = DraftTree([10, 13, 30], [-1, 0, -1], accept_probs=[0.95, 0.5, 0.1])
 
 
 def cost_measured(hybrid: HybridDrafter, cost: float = 0.0) -> HybridDrafter:
-    """As once what the model's forwards cost the verifier's passes is measured (until then it rests in every
-    other pass, edge/model_worth.py): `cost` 0 as on separate machines."""
+    """As once what the model's forwards cost the verifier's passes is measured (until then it speculates as if
+    it earned its share, edge/model_worth.py): `cost` 0 as on separate machines."""
     hybrid.worth.costed, hybrid.worth.cost = COSTED, cost
     return hybrid
 
@@ -158,7 +158,8 @@ def test_during_each_pass_the_model_reads_the_likely_verdict_and_computes_beyond
     serial_round(hybrid, (10, 11, 12))
     assert model.read_aheads == [[10, 11, 12]]
     model = Scripted(MODEL)
-    hybrid = cost_measured(HybridDrafter(Scripted(REPEATING), model, max_nodes=64))  # (10-11-12 beyond 10-11-12-99 too)
+    # (10-11-12 beyond 10-11-12-99 too)
+    hybrid = cost_measured(HybridDrafter(Scripted(REPEATING), model, max_nodes=64))
     hybrid.begin([1])
     pipelined_rounds(hybrid, 3, (10, 11, 12))
     assert model.read_aheads == [[10, 11, 12, 99]] * 3
