@@ -33,7 +33,8 @@ every generation but one in PROBE, and, as with passes, twice as many after each
 that left it below, up to PROBE_MOST (in one run of 39 prompts sitting out all but one in four left the
 hybrid 0.2% behind retrieval, where reading every prompt up to 512 tokens it had been 2.2% behind; on 130
 prompts backing off was 0.8% ahead of one in four: BENCHMARKS.md section 6, "The resting model read beside
-most passes" and "The run the last subsection asked for").
+most passes" and "The run the last subsection asked for"). Where its forwards cost the passes nothing, neither
+do probes: there it neither backs off nor sits out generations (`probes_free`).
 """
 
 from __future__ import annotations
@@ -121,11 +122,20 @@ class ModelWorth:
         measured (BENCHMARKS.md section 6, "The model's cost was never measured")."""
         return self.measured < WARM_UP or self.costed < COSTED or self.share >= self.gain_min
 
+    @property
+    def probes_free(self) -> bool:
+        """Whether its forwards were measured to cost the verifier's passes nothing (below GAIN_FLOOR: separate
+        machines). Then a probe costs nothing either: below its share it probes one pass of PROBE without backing
+        off, and takes part in every generation. Backing off there, after summarization (where it drafts next
+        to nothing) it had stayed out of qa and math_reasoning, where it gains 9-10% (by timed replay,
+        BENCHMARKS.md section 6, "Where watching is free")."""
+        return self.costed >= COSTED and self.cost < GAIN_FLOOR
+
     def this_pass(self) -> PassWork:
         """What the model does during the pass about to start (called once per pass)."""
         earning = self.earning
         self._rested, now = _probe(self._rested, earning, self._probe_every)
-        self._probe_every = _next_wait(self._probe_every, earning, now)
+        self._probe_every = _next_wait(self._probe_every, earning or self.probes_free, now)
         if now and self._in_a_row + 1 < REMEASURE:
             self._in_a_row += 1
             return PassWork.SPECULATE
@@ -137,16 +147,16 @@ class ModelWorth:
     def takes_part(self) -> bool:
         """Whether the model reads this generation's prompt and drafts in it (called once per generation):
         below its share in one generation of PROBE, then, as with passes, twice as few after each that
-        leaves it below, up to PROBE_MOST."""
-        earning = self.earning
-        self._sat_out, now = _probe(self._sat_out, earning, self._take_part_every)
-        self._take_part_every = _next_wait(self._take_part_every, earning, now)
+        leaves it below, up to PROBE_MOST (in every one where probes are free)."""
+        keen = self.earning or self.probes_free
+        self._sat_out, now = _probe(self._sat_out, keen, self._take_part_every)
+        self._take_part_every = _next_wait(self._take_part_every, keen, now)
         return now
 
 
 def _next_wait(every: int, earning: bool, probed: bool) -> int:
-    """One chance in how many to take next: PROBE while earning; after a probe that leaves it below its
-    share, twice as many, up to PROBE_MOST."""
+    """One chance in how many to take next: PROBE while earning (or while probes are free); after a probe that
+    leaves it below its share, twice as many, up to PROBE_MOST."""
     if earning:
         return PROBE
     return min(2 * every, PROBE_MOST) if probed else every
