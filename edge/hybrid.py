@@ -28,6 +28,8 @@ verdicts' pass times, and where the model's own accepted tokens are too few to p
 edge's energy), the model speculates in one pass of a few only and sits out most generations
 (edge/model_worth.py).
 
+In a generation the model sits out, the hybrid is retrieval alone, passing every call on to it.
+
 A tree sent ahead hangs below the likeliest path of the tree in flight (`propose_after`): retrieval's part
 is its draft beyond the path, the model's what it computed beyond it. The hybrid keeps each tree's round
 apart until its verdict, and traces the verdict on what was left of the tree (DraftTree.after) to each
@@ -106,15 +108,29 @@ class HybridDrafter:
     def _taking_part(self) -> tuple[RetrievalDrafter] | tuple[RetrievalDrafter, ModelDrafter]:
         return self.sources if self._model_on else self.sources[:1]
 
+    # In a generation the model sits out, the hybrid is retrieval alone: the same trees, sent ahead as
+    # retrieval's are, and the same verdicts to learn from. (Merging one source's draft had reordered its
+    # nodes and sent trees ahead below the path in flight, where retrieval resends its whole draft: at 80 ms
+    # the hybrid was 3.9% behind retrieval with the model out of 30 generations of 39, BENCHMARKS.md
+    # section 6, "Where watching is free".)
+
     def propose(self) -> DraftTree:
         # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the
         # controller held back was never sent, and its verdict will not come.
         self._pending.clear()
+        if not self._model_on:
+            return self.sources[0].propose()
         return self._draft([], ahead=False)
 
-    def propose_after(self, path: list[int]) -> DraftTree:
-        """A tree hanging below `path` (target ids), to send ahead of a verdict that most likely commits it
-        (edge/generation.py): each source's part is what it drafts beyond the path."""
+    @property
+    def propose_after(self) -> Callable[[list[int]], DraftTree] | None:
+        """Drafting below a path, for trees sent ahead (edge/generation.py), where the model takes part in the
+        generation; None where it sits out (retrieval alone does not draft below paths)."""
+        return self._propose_after if self._model_on else None
+
+    def _propose_after(self, path: list[int]) -> DraftTree:
+        """A tree hanging below `path` (target ids), to send ahead of a verdict that most likely commits it:
+        each source's part is what it drafts beyond the path."""
         return self._draft(list(path), ahead=True)
 
     def _draft(self, path: list[int], ahead: bool) -> DraftTree:
@@ -179,6 +195,9 @@ class HybridDrafter:
     def observe(self, tree: DraftTree, result: StepResult) -> None:
         """`tree`: what the verifier verified of the oldest round's tree (for a tree sent ahead, what was left of
         it once the verdict before it was committed)."""
+        if not self._model_on:
+            self.sources[0].observe(tree, result)
+            return
         rnd = self._pending.popleft()
         if not self._first_verdict:  # the first's pass computes the prompt too
             self.worth.passed(len(tree), result.compute_ms, rnd.beside)
@@ -206,6 +225,10 @@ class HybridDrafter:
                     break
                 accepted.append(mine[tree.notes[k].where[number]])
             source.observe(draft.prefix(n), replace(result, accepted=accepted, hints=None))
+
+    def learn(self) -> None:
+        """Retrieval learns from the last verdict while the next is awaited (RetrievalDrafter.learn)."""
+        self.sources[0].learn()
 
     def end(self) -> None:
         for source in self.sources:

@@ -313,6 +313,28 @@ def test_a_model_whose_own_nodes_are_accepted_speculates_in_every_pass_but_one_l
     assert per_pass == ([[None]] * (REMEASURE - 1) + [[]]) * 3
 
 
+def test_in_a_generation_the_model_sits_out_the_hybrid_is_retrieval_alone():
+    """The same trees as retrieval's, no drafting below a path (retrieval resends its whole draft ahead:
+    edge/generation.py), and the verdicts passed on as they come. Merging one source's draft had made the
+    hybrid 3.9% slower than retrieval at 80 ms where the model sat out most generations."""
+    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
+    hybrid = cost_measured(HybridDrafter(retrieval, model, max_nodes=64), cost=0.05)
+    hybrid.worth.measured = WARM_UP  # none of its tokens accepted: below its share, it sits out
+    hybrid.begin([1, 2])
+    assert not hasattr(model, "begun")
+    assert hybrid.propose_after is None
+    tree = hybrid.propose()
+    assert tree is RETRIEVAL
+    hybrid.speculate(lambda: True)
+    result = StepResult(tokens=[10, 11, 99], accepted=[0, 1], compute_ms=100.0)
+    hybrid.observe(tree, result)
+    assert retrieval.observed == [(RETRIEVAL, result)] and model.steps == [] and model.observed == []
+    for _ in range(PROBE - 1):  # the generation it takes part in: the merged tree, drafted below paths too
+        hybrid.begin([1, 2])
+    assert model.begun == 1 and hybrid.propose_after is not None
+    assert paths(after_a_speculation(hybrid).propose())[(10, 13)] == 0.5
+
+
 def test_a_model_that_does_not_earn_its_forwards_sits_out_generations_but_one_in_a_few():
     """Taking part in a generation means reading its prompt first, forwards beside the verifier's prefill and
     first passes: once its own nodes have not been accepted, the model neither reads nor drafts in a
