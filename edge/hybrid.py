@@ -108,11 +108,10 @@ class HybridDrafter:
     def _taking_part(self) -> tuple[RetrievalDrafter] | tuple[RetrievalDrafter, ModelDrafter]:
         return self.sources if self._model_on else self.sources[:1]
 
-    # In a generation the model sits out, the hybrid is retrieval alone: the same trees, sent ahead as
-    # retrieval's are, and the same verdicts to learn from. (Merging one source's draft had reordered its
-    # nodes and sent trees ahead below the path in flight, where retrieval resends its whole draft: at 80 ms
-    # the hybrid was 3.9% behind retrieval with the model out of 30 generations of 39, BENCHMARKS.md
-    # section 6, "Where watching is free".)
+    # In a generation the model sits out, retrieval's calls pass straight through. Merging one source's draft
+    # had reordered its nodes and sent trees ahead below the path in flight, where retrieval resends its whole
+    # draft: at 80 ms the hybrid was about 3% behind its own pass-through (BENCHMARKS.md section 6, "Where the
+    # model sits out, the hybrid is retrieval alone").
 
     def propose(self) -> DraftTree:
         # Nothing is in flight when the generation loop asks for a tree here: a tree drafted ahead that the

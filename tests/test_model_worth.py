@@ -3,7 +3,8 @@ and after that while the tokens only it drafted are at least the share by which 
 verifier's passes beside them; below that, in one pass of PROBE and then ever fewer, reading the committed
 text in the pass before and resting in the others (and while it speculates in every pass, it rests in one of
 REMEASURE, so that what its forwards cost is measured and stays so); below its share it takes part in one
-generation of PROBE, and in ever fewer."""
+generation of PROBE, and in ever fewer. Where its forwards cost the passes nothing, so do probes: it backs
+off from neither."""
 
 import pytest
 
