@@ -67,11 +67,9 @@ class ModelWorth:
         self.model_tokens = 0.0  # moving average per measured round: accepted tokens only the model drafted
         self.committed = 0.0  # moving average per measured round: tokens committed
         self.measured = 0
-        self._rested = 0  # passes since the last it speculated in, while below its share
         self._in_a_row = 0  # passes it speculated in since the last it rested in
-        self._probe_every = PROBE  # passes, while below its share
-        self._sat_out = 0  # generations since the last it took part in, while below its share
-        self._take_part_every = PROBE  # generations, while below its share
+        self._probes = _Chances()  # passes it speculates in, while below its share
+        self._generations = _Chances()  # generations it takes part in, while below its share
         self._alone_ms: dict[int, tuple[float, int]] = {}  # tree nodes -> (the latest pass of this generation with
         # no forward beside it, its index)
         self._passes = 0
@@ -133,13 +131,11 @@ class ModelWorth:
 
     def this_pass(self) -> PassWork:
         """What the model does during the pass about to start (called once per pass)."""
-        earning = self.earning
-        self._rested, now = _probe(self._rested, earning, self._probe_every)
-        self._probe_every = _next_wait(self._probe_every, earning or self.probes_free, now)
+        now = self._probes.take(self.earning, self.probes_free)
         if now and self._in_a_row + 1 < REMEASURE:
             self._in_a_row += 1
             return PassWork.SPECULATE
-        if not now and self._rested + 1 >= self._probe_every:  # the next pass probes
+        if not now and self._probes.next_taken:  # the next pass probes
             return PassWork.READ
         self._in_a_row = 0
         return PassWork.REST
@@ -148,23 +144,29 @@ class ModelWorth:
         """Whether the model reads this generation's prompt and drafts in it (called once per generation):
         below its share in one generation of PROBE, then, as with passes, twice as few after each that
         leaves it below, up to PROBE_MOST (in every one where probes are free)."""
-        keen = self.earning or self.probes_free
-        self._sat_out, now = _probe(self._sat_out, keen, self._take_part_every)
-        self._take_part_every = _next_wait(self._take_part_every, keen, now)
+        return self._generations.take(self.earning or self.probes_free, self.probes_free)
+
+
+class _Chances:
+    """Chances (passes, generations) the model takes: every one while it earns its share; below it one in
+    PROBE, and twice as few after each taken that leaves it below, up to PROBE_MOST (one in PROBE again
+    where probes are free)."""
+
+    def __init__(self) -> None:
+        self.skipped = 0  # since the last taken
+        self.every = PROBE
+
+    def take(self, earning: bool, free: bool) -> bool:
+        """Whether to take this chance."""
+        now = earning or self.next_taken
+        self.skipped = 0 if now else self.skipped + 1
+        if earning or free:
+            self.every = PROBE
+        elif now:
+            self.every = min(2 * self.every, PROBE_MOST)
         return now
 
-
-def _next_wait(every: int, earning: bool, probed: bool) -> int:
-    """One chance in how many to take next: PROBE while earning (or while probes are free); after a probe that
-    leaves it below its share, twice as many, up to PROBE_MOST."""
-    if earning:
-        return PROBE
-    return min(2 * every, PROBE_MOST) if probed else every
-
-
-def _probe(skipped: int, earning: bool, every: int) -> tuple[int, bool]:
-    """(chances skipped since the last taken, whether to take this one): every one while earning, else one
-    in `every`."""
-    if earning or skipped + 1 >= every:
-        return 0, True
-    return skipped + 1, False
+    @property
+    def next_taken(self) -> bool:
+        """Whether the next chance is taken, below its share."""
+        return self.skipped + 1 >= self.every
