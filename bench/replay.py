@@ -16,7 +16,10 @@ verifier does (one real forward per pass: ~15 minutes for 12 prompts on a 2-core
 With --timed each pass takes its modelled time (plus --rtt-ms) in real time, in a thread, as a remote
 verifier's would: drafting models then pay their real drafting time and do their work during the pass
 (prompt reading, speculation), and the speedup is measured by the clock. Pin it to one core
-(`taskset -c 0`) to stand for a one-core edge.
+(`taskset -c 0`) to stand for a one-core edge. The timed session takes trees sent ahead of the verdict in
+flight, as the served verifier does, so the edge pipelines its rounds over a round trip as in `specedge
+bench` (PipelinedReplaySession); `--serial` waits for every verdict before the next tree instead (as the replays
+in BENCHMARKS.md before its thirty-sixth session did).
 
     .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --chat
     .venv/bin/python bench/replay.py bench-out/spec-main/runs.jsonl --chat --hints model --cost flat
@@ -34,12 +37,14 @@ import json
 import statistics
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specedge.bench import specbench
+from specedge.cloud.acceptance import Verdict
 from specedge.cloud.cost_tracker import PRIOR_RELATIVE
+from specedge.cloud.verifier_drafter import VerifierDrafter
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
@@ -73,6 +78,18 @@ class ReplaySession:
         self.pass_ms: list[float] = []
 
     def step(self, tree: DraftTree) -> StepResult:
+        prefill_ms = self._prefill_ms()
+        result = self._verify(tree)
+        if self.timed:
+            time.sleep((prefill_ms + result.compute_ms + self.rtt_ms) / 1e3)
+        return result
+
+    def _prefill_ms(self) -> float:
+        """The verifier's prompt prefill, paid by the first pass."""
+        return PREFILL_MS_PER_TOKEN * len(self.prompt_ids) if not self.pass_ms else 0.0
+
+    def _verify(self, tree: DraftTree) -> StepResult:
+        """The verdict on `tree`, rooted at the committed end, and the pass's modelled time (not waited)."""
         children = tree.children()
         accepted, node, tokens = [], -1, []
         while self.done + len(tokens) < len(self.output) - 1:
@@ -83,7 +100,6 @@ class ReplaySession:
             accepted.append(node)
             tokens.append(want)
         tokens.append(self.output[self.done + len(tokens)])  # the bonus token
-        prefill_ms = PREFILL_MS_PER_TOKEN * len(self.prompt_ids) if not self.done else 0.0
         hints = None
         if self.seq is not None:  # every row, from a real forward; the recorded tokens are committed
             from specedge.cloud.hints import top_k_hints
@@ -99,8 +115,6 @@ class ReplaySession:
                           [self.hints.probs[r] if r >= 0 else [] for r in rows])
         self.done += len(tokens)
         self.pass_ms.append(self.cost.ms(len(tree)))
-        if self.timed:
-            time.sleep((prefill_ms + self.pass_ms[-1] + self.rtt_ms) / 1e3)
         return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1], rtt_ms=self.rtt_ms,
                           hints=hints)
 
@@ -111,6 +125,58 @@ class ReplaySession:
         if self.seq is not None:
             self.engine.release(self.seq)
             self.seq = None
+
+
+class PipelinedReplaySession(ReplaySession):
+    """A timed replay session that also takes trees sent ahead of the verdict in flight, as the served
+    verifier does (cloud/service.py), so that the edge pipelines its rounds over a round trip as it does in
+    `specedge bench`: trees are verified in the order sent, each pass starting once its tree has arrived
+    (half a round trip after it went out) and the pass before it has ended, its verdict back half a round
+    trip after the pass. A tree ahead is verified less what the verdicts before it committed; where nothing
+    of it is left, the verifier drafts up to `fill_tokens` itself (cloud/verifier_drafter.py). Verdicts are
+    worked out when their tree is sent (every tree before it is known then) and handed out at their time;
+    the verifier's own drafting runs in the edge's thread then, so its time (well under a millisecond) falls
+    on the edge."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._free_at = 0.0  # perf_counter time the verifier's last pass ends
+        self._verdicts: deque[tuple[float, StepResult]] = deque()  # (when it is back, the verdict), in order
+        self._filler: VerifierDrafter | None = None
+
+    def step(self, tree: DraftTree) -> StepResult:
+        self.send(tree)
+        return self.receive()
+
+    def send(self, tree: DraftTree, root_length: int | None = None, fill_tokens: int = 0) -> None:
+        sent_at = time.perf_counter()
+        prefill_ms = self._prefill_ms()
+        if root_length:
+            tree = tree.after(self.output[root_length - len(self.prompt_ids) : self.done])
+        filled = not tree and fill_tokens > 0
+        if filled:
+            if self._filler is None:
+                top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.seq is not None else 0
+                self._filler = VerifierDrafter(self.prompt_ids + self.output[: self.done], self.params, top_k)
+            # (one token of the budget left over, as the service leaves it)
+            tree = self._filler.draft(min(fill_tokens, MAX_TREE_NODES, len(self.output) - self.done - 2),
+                                      self.cost)
+        result = self._verify(tree)
+        if self._filler is not None:
+            self._filler.observe(tree, Verdict(result.accepted, result.tokens, result.tokens[-1], result.hints))
+        if filled:  # as the client reads it (cloud/service.py's _as_unfilled)
+            hints = None if result.hints is None else Hints(result.hints.ids[:1], result.hints.probs[:1])
+            result = replace(result, accepted=[], hints=hints, verifier_drafted=len(result.accepted))
+        arrives = sent_at + self.rtt_ms / 2e3
+        starts = max(arrives, self._free_at)
+        self._free_at = starts + (prefill_ms + result.compute_ms) / 1e3
+        self._verdicts.append((self._free_at + self.rtt_ms / 2e3, replace(result, queue_ms=(starts - arrives) * 1e3)))
+
+    def receive(self) -> StepResult:
+        back_at, result = self._verdicts.popleft()
+        if (wait := back_at - time.perf_counter()) > 0:
+            time.sleep(wait)
+        return result
 
 
 @dataclass
@@ -195,6 +261,8 @@ def main() -> None:
     ap.add_argument("--base-ms", type=float, default=BASE_MS, help="a plain decoding pass of the target")
     ap.add_argument("--timed", action="store_true", help="passes take their time for real (see above)")
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="with --timed: a network round trip per pass")
+    ap.add_argument("--serial", action="store_true",
+                    help="with --timed: no trees sent ahead, every round waits for the verdict before it")
     ap.add_argument("--hints", choices=("on-path", "model"), default=None,
                     help="verdicts carry the verifier's hints (see above)")
     ap.add_argument("--out", type=Path, default=None, metavar="RUNS.jsonl",
@@ -231,24 +299,27 @@ def main() -> None:
         for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
             ids = prompt_ids[p.id]
             wants = hints_wanted(drafter) > 0
-            session = ReplaySession(ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
-                                    hints.get(p.id) if wants else None, engine if wants else None)
+            kind = PipelinedReplaySession if args.timed and not args.serial else ReplaySession
+            session = kind(ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
+                           hints.get(p.id) if wants else None, engine if wants else None)
             r = generate(session, (), drafter, controller)
             assert r.token_ids == refs[p.id]
             decode_ms = (r.wall_s - r.ttft_s) * 1e3 if args.timed else sum(session.pass_ms[1:]) + sum(r.draft_ms[1:])
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
-                totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:])
+                totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:],
+                                r.ahead)
             rows.append(generation_row(name, p, r.token_ids, decode_ms))
         retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
         by_source[name] = getattr(retrieval, "verdicts_by_source", {})
-    # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only).
+    # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only); ahead:
+    # the share of rounds whose tree went out ahead of the verdict before it.
     print(f"{'drafter':<18}{'category':<16}{'accepted/pass':>14}{'nodes/pass':>11}{'decode x':>9}{'draft ms':>9}"
-          f"{'mean':>7}")
+          f"{'mean':>7}{'ahead':>7}")
     for (name, cat), t in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         # Plain decoding: one token per base_ms (and, over a network, one round trip for the whole answer).
         speedup = t.tokens * args.base_ms / t.decode_ms
         print(f"{name:<18}{cat:<16}{t.tokens / t.rounds:>14.3f}{t.nodes / t.rounds:>11.2f}{speedup:>9.2f}"
-              f"{statistics.median(t.draft_ms):>9.2f}{statistics.mean(t.draft_ms):>7.1f}")
+              f"{statistics.median(t.draft_ms):>9.2f}{statistics.mean(t.draft_ms):>7.1f}{t.ahead / t.rounds:>7.2f}")
     if args.by_source:
         print_by_source(by_source)
     if args.out is not None:
@@ -283,11 +354,13 @@ class Totals:
     decode_ms: float = 0.0  # after the first pass: passes and drafting (measured by the clock with --timed)
     nodes: int = 0
     draft_ms: list[float] = field(default_factory=list)
+    ahead: int = 0  # rounds whose tree went out ahead of the verdict before it
 
-    def add(self, tokens: int, rounds: int, decode_ms: float, nodes: int, draft_ms: list[float]) -> None:
+    def add(self, tokens: int, rounds: int, decode_ms: float, nodes: int, draft_ms: list[float], ahead: int) -> None:
         self.tokens, self.rounds = self.tokens + tokens, self.rounds + rounds
         self.decode_ms, self.nodes = self.decode_ms + decode_ms, self.nodes + nodes
         self.draft_ms += draft_ms
+        self.ahead += ahead
 
 
 if __name__ == "__main__":

@@ -43,9 +43,9 @@ def test_replay_counts_tokens_per_pass_and_the_modelled_speedup(tmp_path):
 
 def test_timed_replay_leaves_out_a_categorys_first_prompts_and_times_passes_for_real(tmp_path):
     table = replay(tmp_path, "--drafters", "retrieval", "--skip-per-category", "1", "--timed", "--base-ms", "20",
-                   "--rtt-ms", "10")
+                   "--rtt-ms", "10", "--serial")
     accepted, _, speedup, *_ = table["retrieval", "all"]
-    # A round costs a pass of at least 20 ms plus 10 ms of network, plain decoding 20 ms per token.
+    # A serial round costs a pass of at least 20 ms plus 10 ms of network, plain decoding 20 ms per token.
     assert accepted > 3 and 1.0 < speedup < accepted * 20 / 30
 
 
@@ -61,3 +61,59 @@ def test_replay_writes_rows_that_category_intervals_reads_with_the_printed_speed
         speed = by_category[category]["speed"]
         assert speed["retrieval"] == pytest.approx(table["retrieval", category][2], abs=0.01)
         assert speed["suffix"] == pytest.approx(table["suffix", category][2], abs=0.01)
+
+
+def pipelined_session(rtt_ms: float, output: list[int]):
+    """A replay session over `rtt_ms` whose passes cost 50 ms plus 1 ms a node, after a 200 ms prefill."""
+    from specedge.bench.replay import PREFILL_MS_PER_TOKEN, PipelinedReplaySession
+    from specedge.common.cost_model import CostModel
+
+    prompt = list(range(500, 500 + round(200 / PREFILL_MS_PER_TOKEN)))
+    cost = CostModel(((0, 50.0), (100, 150.0)))
+    return PipelinedReplaySession(prompt, output, 2000, cost, timed=True, rtt_ms=rtt_ms)
+
+
+def test_a_tree_sent_ahead_is_verified_less_what_the_verdict_before_it_committed_a_pass_later():
+    from specedge.common.draft_tree import DraftTree
+
+    session = pipelined_session(80.0, OUTPUT)
+    prompt_length = len(session.prompt_ids)
+    session.send(DraftTree.chain(OUTPUT[:3]))  # all accepted, and the bonus token OUTPUT[3]
+    # Sent ahead from the same root, guessing the bonus token right: what is left is OUTPUT[4:6]
+    session.send(DraftTree.chain(OUTPUT[:6]), root_length=prompt_length)
+    (first_back, first), (second_back, second) = session._verdicts
+    assert first.tokens == OUTPUT[:4] and first.accepted == [0, 1, 2]
+    assert second.tokens == OUTPUT[4:7] and second.accepted == [0, 1]
+    # The second tree arrived while the first was verified: its verdict is a pass (52 ms) later, not a round
+    # trip and a pass; it waited in the verifier's queue for the prefill and first pass.
+    assert second_back - first_back == pytest.approx(0.052, abs=1e-6)
+    assert second.queue_ms > 200
+    assert session.receive().tokens == OUTPUT[:4] and session.receive().tokens == OUTPUT[4:7]
+
+
+def test_where_nothing_of_a_tree_ahead_is_left_the_verifier_drafts_and_the_client_sees_no_node_accepted():
+    from specedge.common.draft_tree import DraftTree
+
+    session = pipelined_session(0.0, OUTPUT)
+    session.send(DraftTree.chain(OUTPUT[:10]))  # all accepted, and the bonus token: OUTPUT[:11] committed
+    # Ahead from the same root, a wrong guess at the bonus token: nothing of it is left after that verdict
+    session.send(DraftTree.chain([1, 2]), root_length=len(session.prompt_ids), fill_tokens=16)
+    filled = session._verdicts[-1][1]
+    # The verifier drafted by retrieval over the text so far (it repeats), and all it committed is the output
+    assert filled.accepted == [] and filled.verifier_drafted > 0
+    assert filled.tokens == OUTPUT[11 : 12 + filled.verifier_drafted]
+    # Without fill_tokens the same tree's pass commits the bonus token only
+    session.send(DraftTree.chain([1, 2]), root_length=len(session.prompt_ids) + 11)
+    assert session._verdicts[-1][1].tokens == [OUTPUT[12 + filled.verifier_drafted]]
+
+
+def test_timed_replay_over_a_round_trip_sends_trees_ahead_unless_serial(tmp_path):
+    def row(*extra: str) -> list[float]:
+        return replay(tmp_path, "--drafters", "retrieval", "--timed", "--base-ms", "10", "--rtt-ms", "60", *extra)[
+            "retrieval", "all"]
+
+    accepted, _, speedup, *_, ahead = row()
+    # Rounds overlap on the network, not on the verifier: passes of at least 10 ms, one at a time.
+    assert ahead > 0.2 and 1.0 < speedup < accepted
+    accepted, _, speedup, *_, ahead = row("--serial")
+    assert ahead == 0.0 and speedup < accepted * 10 / 70
