@@ -151,6 +151,7 @@ class PipelinedReplaySession(ReplaySession):
     def send(self, tree: DraftTree, root_length: int | None = None, fill_tokens: int = 0) -> None:
         sent_at = time.perf_counter()
         prefill_ms = self._prefill_ms()
+        tree = DraftTree(tree.tokens, tree.parents, tree.proposals, tree.accept_probs)  # as the wire carries it
         if root_length:
             tree = tree.after(self.output[root_length - len(self.prompt_ids) : self.done])
         filled = not tree and fill_tokens > 0

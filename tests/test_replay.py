@@ -95,7 +95,9 @@ def test_where_nothing_of_a_tree_ahead_is_left_the_verifier_drafts_and_the_clien
     from specedge.common.draft_tree import DraftTree
 
     session = pipelined_session(0.0, OUTPUT)
-    session.send(DraftTree.chain(OUTPUT[:10]))  # all accepted, and the bonus token: OUTPUT[:11] committed
+    # All accepted, and the bonus token: OUTPUT[:11] committed. (The client's notes, here a hybrid's, do not
+    # travel: the verifier's drafter learns from the tree as the wire carries it.)
+    session.send(DraftTree(OUTPUT[:10], list(range(-1, 9)), notes=[object()] * 10))
     # Ahead from the same root, a wrong guess at the bonus token: nothing of it is left after that verdict
     session.send(DraftTree.chain([1, 2]), root_length=len(session.prompt_ids), fill_tokens=16)
     filled = session._verdicts[-1][1]
