@@ -268,7 +268,9 @@ def main() -> None:
                     help="verdicts carry the verifier's hints (see above)")
     ap.add_argument("--out", type=Path, default=None, metavar="RUNS.jsonl",
                     help="also write a row per generation (and one per prompt for plain decoding, method `ar`, "
-                         "its modelled time) that bench/category_intervals.py reads")
+                         "its modelled time) that bench/category_intervals.py reads, with the generation's "
+                         "rounds: how many, how many went ahead, the tokens the verifier drafted, the tree sizes "
+                         "verified and the nodes accepted per round")
     ap.add_argument("--by-source", action="store_true",
                     help="also print, per retrieval drafter, its nodes' acceptance by source and depth")
     ap.add_argument("--cost", choices=("cpu", "flat"), default="cpu",
@@ -309,7 +311,9 @@ def main() -> None:
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
                 totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:],
                                 r.ahead)
-            rows.append(generation_row(name, p, r.token_ids, decode_ms))
+            rows.append(generation_row(name, p, r.token_ids, decode_ms) | {
+                "rounds": r.rounds, "ahead": r.ahead, "verifier_drafted": r.verifier_drafted,
+                "tree_sizes": r.tree_sizes, "accepted": r.accepted})
         retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
         by_source[name] = getattr(retrieval, "verdicts_by_source", {})
     # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only); ahead:
