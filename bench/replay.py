@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specedge.bench import specbench
+from specedge.bench.perturbed import MARK, perturb
 from specedge.cloud.acceptance import Verdict
 from specedge.cloud.cost_tracker import PRIOR_RELATIVE
 from specedge.cloud.verifier_drafter import VerifierDrafter
@@ -252,7 +253,8 @@ def recorded_hints(runs: Path, model_name: str, prompts: dict[str, list[int]], r
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, help="runs.jsonl of a `specedge bench` run that included `ar`")
-    ap.add_argument("--drafters", default="retrieval,suffix")
+    ap.add_argument("--drafters", default="retrieval,suffix",
+                    help="comma-separated; NAME~ is an A/A copy of NAME (bench/perturbed.py)")
     ap.add_argument("--max-tree", type=int, default=MAX_TREE_NODES)
     ap.add_argument("--model", default="smollm2-135m", help="the target (its tokenizer)")
     ap.add_argument("--chat", action="store_true", help="the prompts in the model's chat template (as the run had)")
@@ -297,7 +299,10 @@ def main() -> None:
 
             drafter, controller = SuffixDecodingDrafter(max_spec_tokens=min(args.max_tree, 16)), None
         else:
-            drafter = make_drafter(name, max_nodes=args.max_tree, tokenizer=tokenizer, eos_ids=eos_ids)
+            drafter = make_drafter(name.removesuffix(MARK), max_nodes=args.max_tree, tokenizer=tokenizer,
+                                   eos_ids=eos_ids)
+            if name.endswith(MARK):  # an A/A copy (bench/perturbed.py)
+                drafter = perturb(drafter, tokenizer)
             controller = TreeSizeController(args.max_tree)
         for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
             ids = prompt_ids[p.id]
