@@ -44,8 +44,9 @@ from pathlib import Path
 from specedge.bench import specbench
 from specedge.bench.perturbed import MARK, perturb
 from specedge.cloud.acceptance import Verdict
+from specedge.cloud.config import ServerConfig
 from specedge.cloud.cost_tracker import PRIOR_RELATIVE
-from specedge.cloud.verifier_drafter import VerifierDrafter
+from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
@@ -139,11 +140,14 @@ class PipelinedReplaySession(ReplaySession):
     the verifier's own drafting runs in the edge's thread then, so its time (well under a millisecond) falls
     on the edge."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, warm: WarmDrafters | None = None, **kwargs) -> None:
+        """`warm`: the verifier's drafting state kept across the client's sessions, as the served verifier keeps
+        it (None: every session's verifier drafter starts fresh)."""
         super().__init__(*args, **kwargs)
         self._free_at = 0.0  # perf_counter time the verifier's last pass ends
         self._verdicts: deque[tuple[float, StepResult]] = deque()  # (when it is back, the verdict), in order
         self._filler: VerifierDrafter | None = None
+        self._warm = warm
 
     def step(self, tree: DraftTree) -> StepResult:
         self.send(tree)
@@ -159,7 +163,8 @@ class PipelinedReplaySession(ReplaySession):
         if filled:
             if self._filler is None:
                 top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.seq is not None else 0
-                self._filler = VerifierDrafter(self.prompt_ids + self.output[: self.done], self.params, top_k)
+                self._filler = VerifierDrafter(self.prompt_ids, self.params, top_k, self.output[: self.done],
+                                               self._warm)
             # (one token of the budget left over, as the service leaves it)
             tree = self._filler.draft(min(fill_tokens, MAX_TREE_NODES, len(self.output) - self.done - 2),
                                       self.cost)
@@ -173,6 +178,12 @@ class PipelinedReplaySession(ReplaySession):
         starts = max(arrives, self._free_at)
         self._free_at = starts + (prefill_ms + result.compute_ms) / 1e3
         self._verdicts.append((self._free_at + self.rtt_ms / 2e3, replace(result, queue_ms=(starts - arrives) * 1e3)))
+
+    def close(self) -> None:
+        super().close()
+        if self._filler is not None:
+            self._filler.end()
+            self._filler = None
 
     def receive(self) -> StepResult:
         back_at, result = self._verdicts.popleft()
@@ -266,6 +277,10 @@ def main() -> None:
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="with --timed: a network round trip per pass")
     ap.add_argument("--serial", action="store_true",
                     help="with --timed: no trees sent ahead, every round waits for the verdict before it")
+    ap.add_argument("--cold-verifier", action="store_true",
+                    help="with --timed: the verifier's own drafter (for trees ahead with nothing left) starts fresh "
+                         "in every session, instead of keeping its state across the client's sessions as the "
+                         "served verifier does (cloud/verifier_drafter.py, WarmDrafters)")
     ap.add_argument("--hints", choices=("on-path", "model"), default=None,
                     help="verdicts carry the verifier's hints (see above)")
     ap.add_argument("--out", type=Path, default=None, metavar="RUNS.jsonl",
@@ -304,12 +319,16 @@ def main() -> None:
             if name.endswith(MARK):  # an A/A copy (bench/perturbed.py)
                 drafter = perturb(drafter, tokenizer)
             controller = TreeSizeController(args.max_tree)
+        warm = None if args.cold_verifier else WarmDrafters(ServerConfig.warm_drafter_clients)  # this client's
         for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
             ids = prompt_ids[p.id]
             wants = hints_wanted(drafter) > 0
-            kind = PipelinedReplaySession if args.timed and not args.serial else ReplaySession
-            session = kind(ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
-                           hints.get(p.id) if wants else None, engine if wants else None)
+            session_args = (ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
+                            hints.get(p.id) if wants else None, engine if wants else None)
+            if args.timed and not args.serial:
+                session = PipelinedReplaySession(*session_args, warm=warm)
+            else:
+                session = ReplaySession(*session_args)
             r = generate(session, (), drafter, controller)
             assert r.token_ids == refs[p.id]
             decode_ms = (r.wall_s - r.ttft_s) * 1e3 if args.timed else sum(session.pass_ms[1:]) + sum(r.draft_ms[1:])

@@ -38,6 +38,9 @@ class ServerConfig:
                                             "an --auth-tokens name, else the client's IP address)")
     max_tokens_per_client: int = _setting(0, "tokens (prompt + max_new_tokens) a client's open sessions may "
                                           "claim together; 0 = no limit")
+    warm_drafter_clients: int = _setting(256, "clients whose verifier-side drafting state (acceptance "
+                                         "model, earlier outputs) is kept for their next sessions, the least "
+                                         "recently served forgotten first; 0 = every session's starts fresh")
     idle_timeout_s: float = _setting(300.0, "close sessions idle this long")
     auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` metadata (one token shared by "
                                       "all clients; with --auth-tokens, either is accepted)")

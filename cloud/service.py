@@ -28,7 +28,7 @@ from specedge.cloud.metrics import VerifierMetrics
 from specedge.cloud.requests import StepOutcome
 from specedge.cloud.scheduler import VerifyScheduler
 from specedge.cloud.step_plan import StepLimits
-from specedge.cloud.verifier_drafter import VerifierDrafter
+from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters
 from specedge.common import wire
 from specedge.common.draft_tree import DraftTree
 from specedge.common.hints import Hints
@@ -67,6 +67,7 @@ class VerifierService:
         tokens = read_token_file(config.auth_tokens) if config.auth_tokens else {}
         relays = frozenset(r.strip() for r in config.trusted_relays.split(",") if r.strip())
         self.identities = Identities(tokens, relays)  # whom the per-client limits count against
+        self.warm_drafters = WarmDrafters(config.warm_drafter_clients)  # per client, for the sessions it fills
         self.sessions_by_client: Counter[str] = Counter()
         self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
         self.draining = False  # no new sessions
@@ -114,6 +115,7 @@ class VerifierService:
     async def Session(self, requests, context):
         seq, client, claim, started = None, None, 0, time.perf_counter()
         label = identity = None  # for the log: what the client calls itself, and who it is
+        drafter: VerifierDrafter | None = None  # from the first round that asks the verifier to draft
         try:
             first = await self._next(requests, context)
             if first is None:
@@ -140,7 +142,6 @@ class VerifierService:
                     raise
             seq, outcome = await self._unless_moved(opening)
             generated = list(outcome.verdict.tokens)  # committed after the prompt
-            drafter: VerifierDrafter | None = None  # from the first round that asks the verifier to draft
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
             cached = outcome.cached_prompt_tokens
@@ -168,8 +169,9 @@ class VerifierService:
                 tree = _still_to_verify(self._tree(req.draft), req.draft.root_length, len(prompt), generated)
                 filled = not tree and req.draft.fill_tokens > 0
                 if filled:
-                    if drafter is None:
-                        drafter = VerifierDrafter(prompt + generated, params, hints_top_k)
+                    if drafter is None:  # (warm per identity and the name the client gives itself)
+                        drafter = VerifierDrafter(prompt, params, hints_top_k, generated, self.warm_drafters,
+                                                  f"{identity}|{label or ''}")
                     # One token of the budget is left over, so that the tree after it has a token to verify.
                     room = min(req.draft.fill_tokens, self.config.max_tree_tokens,
                                params.max_new_tokens - len(generated) - 2)
@@ -187,6 +189,8 @@ class VerifierService:
             await context.abort(e.code, e.message, e.trailing)
         finally:
             self._release(seq, client, claim)
+            if drafter is not None:
+                drafter.end()
             log_event("session_end", client=label, identity=identity, seconds=round(time.perf_counter() - started, 3))
 
     async def Generate(self, raw: bytes, context):

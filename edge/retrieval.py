@@ -37,8 +37,10 @@ class RetrievalDrafter:
         occurrences: int = 32,
         model: AcceptanceModel | None = None,
         hints_top_k: int = DEFAULT_HINTS_TOP_K,
+        history_tokens: int = HISTORY_TOKENS,
     ) -> None:
-        """`hints_top_k`: hint tokens per position to ask the verifier for and draft from (0: none)."""
+        """`hints_top_k`: hint tokens per position to ask the verifier for and draft from (0: none);
+        `history_tokens`: earlier outputs remembered (the older half is forgotten beyond)."""
         self.datastore = datastore
         self.hints_top_k = hints_top_k
         self.recycler = Recycler(hints_top_k) if hints_top_k else None  # kept across generations, as `history`
@@ -46,6 +48,7 @@ class RetrievalDrafter:
         self.model = model or AcceptanceModel()  # kept across generations: the edge keeps learning
         self.index = ContextIndex()
         self.history = ContextIndex()  # earlier generations' outputs, each followed by a separator (-1)
+        self.history_tokens = history_tokens
         self._prompt_len = 0
         # (source, depth) -> [reached, accepted] over the nodes sent: where drafted tokens are won and lost
         # (source: retrieval, table, both); for reports, nothing reads it here.
@@ -156,6 +159,6 @@ class RetrievalDrafter:
         """Remember the output: later generations often repeat their predecessors' phrasing."""
         self.learn()
         output = self.index.tokens[self._prompt_len : self.index.n]
-        if self.history.n + len(output) + 1 > HISTORY_TOKENS:
+        if self.history.n + len(output) + 1 > self.history_tokens:
             self.history = ContextIndex(self.history.tokens[self.history.n // 2 : self.history.n])
         self.history.append(np.append(output, -1).tolist())

@@ -11,6 +11,8 @@ trip."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -171,6 +173,38 @@ def test_the_verifiers_draft_leaves_a_token_of_the_budget_for_the_tree_after_it(
         out += verdict.tokens
     assert out == reference[:12]
     session.close()
+
+
+def test_the_verifier_keeps_a_clients_drafting_state_for_its_next_sessions():
+    """What its drafter learned in a client's session that it filled (cloud/verifier_drafter.py, WarmDrafters)
+    goes to the client's next session that it fills; the client is its identity and the name it gives."""
+    with tiny_verifier() as server:
+        warm = server.running.service.warm_drafters
+
+        def filled_session(client_id: str) -> None:
+            session = RemoteVerifier(server.target).open(PROMPT, LONG, client_id=client_id)
+            first = session.step(DraftTree.empty()).tokens
+            wrong = DraftTree.chain([(first[0] + 1) % V])  # rooted at the prompt's end: nothing of it is left
+            session.send(wrong, root_length=len(PROMPT), fill_tokens=8)
+            session.receive()
+            session.close()
+
+        def kept(n: int) -> None:  # the server files a session's state once the session's stream has ended
+            deadline = time.monotonic() + 30
+            while len(warm) != n:
+                assert time.monotonic() < deadline, f"{len(warm)} clients kept, not {n}"
+                time.sleep(0.01)
+
+        filled_session("app")
+        kept(1)
+        (key,) = warm._kept
+        assert key.endswith("|app")
+        model = warm._kept[key].model
+        filled_session("app")  # takes the state and gives it back
+        kept(1)
+        assert warm._kept[key].model is model and warm._kept[key].history.n > 0
+        filled_session("other app")
+        kept(2)
 
 
 @pytest.mark.parametrize("fill", [True, False])

@@ -1,12 +1,14 @@
 """The verifier's own draft for a tree ahead with nothing left (cloud/verifier_drafter.py): the edge's
-retrieval drafter over the session's text, cut by the verifier's cost model and by the room it is given.
-The protocol around it (the verdict, the budget, lossless output) is in tests/test_pipelined_rounds.py."""
+retrieval drafter over the session's text, cut by the verifier's cost model and by the room it is given;
+and what it keeps of a client's sessions for the next ones (WarmDrafters). The protocol around it (the
+verdict, the budget, lossless output, the served verifier keeping it) is in tests/test_pipelined_rounds.py."""
 
 from __future__ import annotations
 
 from specedge.cloud.acceptance import Verdict
-from specedge.cloud.verifier_drafter import VerifierDrafter
+from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters
 from specedge.common.cost_model import CostModel
+from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 
 PHRASE = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
@@ -40,3 +42,55 @@ def test_it_follows_the_committed_text_from_verdict_to_verdict():
     first = drafter.draft(8, FLAT)
     drafter.observe(first, Verdict(accepted=[], tokens=[PHRASE[0]], bonus=PHRASE[0]))
     assert drafter.draft(8, FLAT).tokens[:2] == PHRASE[1:3]
+
+
+def session_of(warm: WarmDrafters, client: str, prompt: list[int], generated: list[int] = ()) -> VerifierDrafter:
+    return VerifierDrafter(prompt, SamplingParams(max_new_tokens=100), 0, generated, warm, client)
+
+
+def test_a_clients_next_session_drafts_from_what_its_earlier_sessions_committed():
+    warm = WarmDrafters(clients=4)
+    first = session_of(warm, "a", [1, 2], generated=[3] + PHRASE)  # the output before the first fill counts too
+    first.observe(DraftTree.empty(), Verdict(accepted=[], tokens=[4], bonus=4))
+    first.end()
+    draft = session_of(warm, "a", [7, 8] + PHRASE[:3]).draft(8, FLAT)  # a new prompt that starts that output
+    assert draft.tokens[:3] == PHRASE[3:6]
+    assert len(session_of(warm, "b", [7, 8] + PHRASE[:3]).draft(8, FLAT)) == 0  # another client's is its own
+    cold = VerifierDrafter([7, 8] + PHRASE[:3], SamplingParams(max_new_tokens=100), hints_top_k=0)
+    assert len(cold.draft(8, FLAT)) == 0
+
+
+def test_what_the_verdicts_taught_carries_over_and_nothing_is_kept_when_turned_off():
+    warm = WarmDrafters(clients=4)
+    first = session_of(warm, "a", [1, 2] + PHRASE + [3, 4] + PHRASE[:3])
+    for token in PHRASE[3:8]:  # drafts that always come true
+        first.observe(first.draft(1, FLAT), Verdict(accepted=[0], tokens=[token, token], bonus=token))
+    taught = first.drafter.model
+    assert taught.reached.sum() > 0
+    first.end()
+    assert session_of(warm, "a", [5]).drafter.model is taught
+    off = WarmDrafters(clients=0)
+    session = session_of(off, "a", [1, 2], PHRASE)
+    session.end()
+    assert len(off) == 0 and session_of(off, "a", [5]).drafter.model is not session.drafter.model
+
+
+def test_a_second_session_of_a_client_at_the_same_time_starts_fresh():
+    warm = WarmDrafters(clients=4)
+    done = session_of(warm, "a", [1, 2], PHRASE)
+    done.end()
+    running = session_of(warm, "a", [5])  # takes what `done` left
+    assert running.drafter.history.n > 0
+    beside = session_of(warm, "a", [6])
+    assert beside.drafter.history.n == 0 and beside.drafter.model is not running.drafter.model
+
+
+def test_only_the_clients_served_last_are_kept_each_with_a_bounded_history():
+    warm = WarmDrafters(clients=2, history_tokens=64)
+    for client in ("a", "b", "c"):
+        for _ in range(5):  # 5 outputs of 20 tokens: more than 64 in all
+            session = session_of(warm, client, [1], list(range(100, 120)))
+            session.end()
+    assert len(warm) == 2
+    assert session_of(warm, "a", [1]).drafter.history.n == 0  # served first: forgotten
+    assert 0 < session_of(warm, "c", [1]).drafter.history.n <= 64 + 21
