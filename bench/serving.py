@@ -68,15 +68,18 @@ def split_method(method: str) -> tuple[str, int | None, bool, bool]:
 
 class EdgeClient:
     """One edge client: its connection, drafter and tree-size controller, kept from one job to the next (a
-    drafter learns across prompts). `metered`: each job's verifier time and passes are read from the
-    verifier's metrics (where it has them), which only works while no other client runs."""
+    drafter learns across prompts), and its name, under which the verifier keeps its drafting state for it
+    (cloud/verifier_drafter.py: one client's jobs must not teach another's). `metered`: each job's verifier
+    time and passes are read from the verifier's metrics (where it has them), which only works while no
+    other client runs."""
 
     def __init__(self, verifier, method: str, drafter, max_tree: int, max_new_tokens: int, eos: list[int],
-                 metered: bool) -> None:
+                 metered: bool, client_id: str = "") -> None:
         from specedge.edge.controller import TreeSizeController
         from specedge.edge.transport import RemoteVerifier
 
         self.verifier, self.method, self.drafter, self.eos, self.metered = verifier, method, drafter, eos, metered
+        self.client_id = client_id
         self.client = RemoteVerifier(verifier.target)
         _, fixed, overlap, fill = split_method(method)
         self.controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap, fill=fill)
@@ -92,7 +95,7 @@ class EdgeClient:
             r = JobResult(i, tokens, None, [], [])
         else:
             hints = min(hints_wanted(self.drafter), self.client.info.limits.max_hints_top_k)
-            session = self.client.open(ids, self.params, hints_top_k=hints)
+            session = self.client.open(ids, self.params, self.client_id, hints_top_k=hints)
             g = generate(session, self.eos, self.drafter, self.controller if self.drafter is not None else None)
             r = JobResult(i, g.token_ids, g.rounds, g.draft_ms, g.tree_sizes, g.accepted, g.compute_ms, g.queue_ms,
                           g.network_ms, g.sent_ms, g.verdict_ms, g.ahead, g.verifier_drafted)
@@ -124,7 +127,8 @@ def run_level(verifier, method: str, jobs: list[list[int]], concurrency: int, ma
 
     def worker(k: int) -> None:
         drafter = make_drafter(k) if method not in WITHOUT_DRAFTS else None
-        client = EdgeClient(verifier, method, drafter, max_tree, max_new_tokens, eos, metered=concurrency == 1)
+        client = EdgeClient(verifier, method, drafter, max_tree, max_new_tokens, eos, metered=concurrency == 1,
+                            client_id=f"{method}#{k}")
         try:
             while True:
                 with lock:
@@ -162,7 +166,7 @@ def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new
     from specedge.edge.transport import RemoteVerifier
 
     clients = {m: EdgeClient(verifier, m, make_drafter(m) if m not in WITHOUT_DRAFTS else None,
-                             max_tree, max_new_tokens, eos, metered=True) for m in methods}
+                             max_tree, max_new_tokens, eos, metered=True, client_id=m) for m in methods}
     flusher = RemoteVerifier(verifier.target)
     results: dict[str, list[JobResult]] = {m: [] for m in methods}
     try:
