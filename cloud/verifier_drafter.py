@@ -29,7 +29,7 @@ from specedge.edge.acceptance_model import AcceptanceModel
 from specedge.edge.context_index import ContextIndex
 from specedge.edge.retrieval import RetrievalDrafter
 
-WARM_HISTORY_TOKENS = 8192  # earlier outputs kept per client (about 1 MiB at most; the older half goes beyond)
+WARM_HISTORY_TOKENS = 8192  # earlier outputs kept per client (1.7 MiB held at most, measured on random text)
 
 
 class VerifierDrafter:
