@@ -46,7 +46,7 @@ from specedge.bench.perturbed import MARK, perturb
 from specedge.cloud.acceptance import Verdict
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.cost_tracker import PRIOR_RELATIVE
-from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters
+from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters, client_share
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
@@ -159,21 +159,20 @@ class PipelinedReplaySession(ReplaySession):
         tree = DraftTree(tree.tokens, tree.parents, tree.proposals, tree.accept_probs)  # as the wire carries it
         if root_length:
             tree = tree.after(self.output[root_length - len(self.prompt_ids) : self.done])
-        filled = not tree and fill_tokens > 0
-        if filled:
+        sent = len(tree)
+        if fill_tokens > 0:
             if self._filler is None:
                 top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.seq is not None else 0
                 self._filler = VerifierDrafter(self.prompt_ids, self.params, top_k, self.output[: self.done],
                                                self._warm)
             # (one token of the budget left over, as the service leaves it)
-            tree = self._filler.draft(min(fill_tokens, MAX_TREE_NODES, len(self.output) - self.done - 2),
-                                      self.cost)
+            tree = self._filler.draft(min(fill_tokens, MAX_TREE_NODES), self.cost, tree,
+                                      max_depth=len(self.output) - self.done - 2)
         result = self._verify(tree)
         if self._filler is not None:
             self._filler.observe(tree, Verdict(result.accepted, result.tokens, result.tokens[-1], result.hints))
-        if filled:  # as the client reads it (cloud/service.py's _as_unfilled)
-            hints = None if result.hints is None else Hints(result.hints.ids[:1], result.hints.probs[:1])
-            result = replace(result, accepted=[], hints=hints, verifier_drafted=len(result.accepted))
+        accepted, hints, drafted = client_share(result.accepted, result.hints, sent)  # as the client reads it
+        result = replace(result, accepted=accepted, hints=hints, verifier_drafted=drafted)
         arrives = sent_at + self.rtt_ms / 2e3
         starts = max(arrives, self._free_at)
         self._free_at = starts + (prefill_ms + result.compute_ms) / 1e3

@@ -28,10 +28,9 @@ from specedge.cloud.metrics import VerifierMetrics
 from specedge.cloud.requests import StepOutcome
 from specedge.cloud.scheduler import VerifyScheduler
 from specedge.cloud.step_plan import StepLimits
-from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters
+from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters, client_share
 from specedge.common import wire
 from specedge.common.draft_tree import DraftTree
-from specedge.common.hints import Hints
 from specedge.common.tokenizer_bundle import TokenizerBundle
 from specedge.protos import verifier_pb2 as pb
 
@@ -167,22 +166,19 @@ class VerifierService:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
                 tree = _still_to_verify(self._tree(req.draft), req.draft.root_length, len(prompt), generated)
-                filled = not tree and req.draft.fill_tokens > 0
-                if filled:
+                sent = len(tree)
+                if req.draft.fill_tokens > 0:  # a tree ahead: the verifier adds its own draft
                     if drafter is None:  # (warm per identity and the name the client gives itself)
                         drafter = VerifierDrafter(prompt, params, hints_top_k, generated, self.warm_drafters,
                                                   f"{identity}|{label or ''}")
                     # One token of the budget is left over, so that the tree after it has a token to verify.
-                    room = min(req.draft.fill_tokens, self.config.max_tree_tokens,
-                               params.max_new_tokens - len(generated) - 2)
-                    tree = drafter.draft(room, outcome.cost)
+                    tree = drafter.draft(min(req.draft.fill_tokens, self.config.max_tree_tokens), outcome.cost,
+                                         tree, max_depth=params.max_new_tokens - len(generated) - 2)
                 outcome = await self._unless_moved(self.scheduler.verify(seq, tree))
                 generated += outcome.verdict.tokens
                 if drafter is not None:
                     drafter.observe(tree, outcome.verdict)
-                drafted = 0
-                if filled:
-                    drafted, outcome = len(outcome.verdict.accepted), _as_unfilled(outcome)
+                outcome, drafted = _as_sent(outcome, sent)
                 yield pb.SessionResponse(verdict=self._verdict(outcome, drafted)).SerializeToString()
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
@@ -461,12 +457,11 @@ def _retrieved(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _as_unfilled(o: StepOutcome) -> StepOutcome:
-    """The outcome of a pass over the verifier's own draft (nothing of the client's tree was left), as the
-    client reads it: no node of its tree accepted, hints at the root only; the tokens stay all committed."""
-    v = o.verdict
-    hints = None if v.hints is None else Hints(v.hints.ids[:1], v.hints.probs[:1])
-    return replace(o, verdict=replace(v, accepted=[], hints=hints))
+def _as_sent(o: StepOutcome, sent: int) -> tuple[StepOutcome, int]:
+    """The outcome as the client reads it, where the verifier added its own draft to the `sent` nodes of the
+    client's tree that were left, and how many of the committed tokens it drafted (`client_share`)."""
+    accepted, hints, drafted = client_share(o.verdict.accepted, o.verdict.hints, sent)
+    return replace(o, verdict=replace(o.verdict, accepted=accepted, hints=hints)), drafted
 
 
 def _still_to_verify(tree: DraftTree, root_length: int, prompt_length: int, generated: list[int]) -> DraftTree:

@@ -16,12 +16,14 @@ edge keeps its own (by the same replay, 4.1% more per prompt at 80 ms than fresh
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from specedge.cloud.acceptance import Verdict
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import best_tree_size
@@ -44,18 +46,63 @@ class VerifierDrafter:
         self.drafter = warm.take(client, hints_top_k) if warm is not None else RetrievalDrafter(hints_top_k=hints_top_k)
         self.drafter.begin(list(prompt), params)
         self.drafter.index.append(list(generated))
+        # The tree `draft` returned last and its own draft's nodes in it (for `observe`): (merged, (those
+        # nodes as a tree of their own, each one's index in merged)).
+        self._mine: tuple[DraftTree, tuple[DraftTree, list[int]]] | None = None
 
-    def draft(self, max_tokens: int, cost: CostModel) -> DraftTree:
-        """The best-first draft after the committed text, cut where another node no longer pays for the time
-        it adds to the pass (the verifier is what a pipelined client waits on: no round trip to amortise)."""
-        if max_tokens <= 0:
-            return DraftTree.empty()
-        draft = self.drafter.propose()
-        probs = (draft.accept_probs or [])[:max_tokens]  # (none: nothing to price it by, nothing sent)
-        return draft.prefix(best_tree_size(probs, cost.table(len(probs))))
+    def draft(self, max_tokens: int, cost: CostModel, left: DraftTree | None = None, max_depth: int | None = None
+              ) -> DraftTree:
+        """`left` (what is left of the client's tree, kept whole as its first nodes) and below the committed
+        text the nodes of this drafter's best-first draft that it lacks, as many as pay for the time they add
+        to the pass (the verifier is what a pipelined client waits on: no round trip to amortise), `max_tokens`
+        nodes in all, none of those added deeper than `max_depth`. A tree ahead that the verdict before it
+        left something of was still drafted without that verdict's last token, which this draft knows.
+        Nothing is added below a client's sampled drafts (their proposals are the whole of what the rejection
+        sampling at their parents may take) nor to a tree without acceptance estimates to price it by."""
+        left = left if left is not None else DraftTree.empty()
+        self._mine = None
+        if max_tokens <= len(left) or left.proposals or (len(left) and left.accept_probs is None):
+            return left
+        own = self.drafter.propose()
+        if not own.accept_probs:  # (none: nothing to price it by, nothing added)
+            return left
+        tokens, parents, probs = list(left.tokens), list(left.parents), []
+        node = {(parent, token): i for i, (token, parent) in enumerate(zip(left.tokens, left.parents))}
+        depth, where = left.depths(), []  # where: each of `own`'s nodes in the merged tree (None: left out)
+        for token, parent, p in zip(own.tokens, own.parents, own.accept_probs):
+            above = where[parent] if parent >= 0 else -1
+            if above is None or (above, token) in node:
+                where.append(None if above is None else node[(above, token)])
+                continue
+            d = depth[above] + 1 if above >= 0 else 1
+            if len(tokens) >= max_tokens or (max_depth is not None and d > max_depth):
+                where.append(None)
+                continue
+            where.append(len(tokens))
+            node[(above, token)] = len(tokens)
+            tokens.append(token)
+            parents.append(above)
+            depth.append(d)
+            probs.append(p)
+        # Priced with what the client's nodes promise (their estimates, given the path committed) as the base.
+        n = best_tree_size(probs, cost.table(len(tokens))[len(left) :], base=1.0 + sum(left.accept_probs or ()))
+        kept = len(left) + n
+        merged = DraftTree(tokens[:kept], parents[:kept], None, list(left.accept_probs or ()) + probs[:n])
+        self._mine = merged, _sent_of(own, [w if w is not None and w < kept else None for w in where])
+        return merged
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
-        """The verdict on `tree` (the session's or this drafter's), committed."""
+        """The verdict on `tree` (the session's, or the last one `draft` returned), committed. Of a tree this
+        drafter added to, it learns from its own draft's nodes: those the tree has, sent or not."""
+        if self._mine is not None and self._mine[0] is tree:
+            (_, (tree, index)), at = self._mine, {merged: i for i, merged in enumerate(self._mine[1][1])}
+            accepted = list(itertools.takewhile(lambda i: i in at, verdict.accepted))
+            hints = verdict.hints
+            if hints is not None:
+                rows = [0] + [1 + merged for merged in index]
+                hints = Hints([hints.ids[r] for r in rows], [hints.probs[r] for r in rows])
+            verdict = Verdict([at[i] for i in accepted], verdict.tokens, verdict.bonus, hints)
+        self._mine = None
         self.drafter.observe(tree, StepResult(verdict.tokens, verdict.accepted, 0.0, hints=verdict.hints))
 
     def end(self) -> None:
@@ -63,6 +110,31 @@ class VerifierDrafter:
         if self.warm is not None:
             self.drafter.end()
             self.warm.give_back(self.client, self.drafter)
+
+
+def client_share(accepted: list[int], hints: Hints | None, sent: int) -> tuple[list[int], Hints | None, int]:
+    """Of a verdict on a tree whose first `sent` nodes are the client's and the rest the verifier's own draft
+    (`VerifierDrafter.draft`), what the client reads: its own accepted nodes (the first of the path: the
+    verifier's nodes hang below the client's), the hints of the root and its own nodes, and how many of the
+    committed tokens the verifier drafted."""
+    own = [i for i in accepted if i < sent]
+    if hints is not None and len(hints.ids) > sent + 1:
+        hints = Hints(hints.ids[: sent + 1], hints.probs[: sent + 1])
+    return own, hints, len(accepted) - len(own)
+
+
+def _sent_of(draft: DraftTree, where: list[int | None]) -> tuple[DraftTree, list[int]]:
+    """The nodes of `draft` that a merged tree has (`where`: each node's index there, None where it has not;
+    a node's parent is there wherever the node is) as a tree of their own with their estimates and notes,
+    its whole draft `draft`, and each one's index in the merged tree."""
+    kept = [i for i, w in enumerate(where) if w is not None]
+    new = {old: i for i, old in enumerate(kept)}
+    tree = DraftTree([draft.tokens[i] for i in kept], [new[draft.parents[i]] if draft.parents[i] >= 0 else -1
+                                                       for i in kept], None,
+                     None if draft.accept_probs is None else [draft.accept_probs[i] for i in kept],
+                     None if draft.notes is None else [draft.notes[i] for i in kept],
+                     draft.drafted if draft.drafted is not None else draft)
+    return tree, [where[i] for i in kept]
 
 
 @dataclass

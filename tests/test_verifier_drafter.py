@@ -6,9 +6,10 @@ verdict, the budget, lossless output, the served verifier keeping it) is in test
 from __future__ import annotations
 
 from specedge.cloud.acceptance import Verdict
-from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters
+from specedge.cloud.verifier_drafter import VerifierDrafter, WarmDrafters, client_share
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import Hints
 from specedge.common.params import SamplingParams
 
 PHRASE = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
@@ -94,3 +95,37 @@ def test_only_the_clients_served_last_are_kept_each_with_a_bounded_history():
     assert len(warm) == 2
     assert session_of(warm, "a", [1]).drafter.history.n == 0  # served first: forgotten
     assert 0 < session_of(warm, "c", [1]).drafter.history.n <= 64 + 21
+
+
+def test_a_tree_ahead_with_nodes_left_keeps_them_first_and_gets_the_verifiers_draft_below_and_beside_them():
+    drafter = drafter_after([1, 2] + PHRASE + [3, 4] + PHRASE[:3])  # its draft: PHRASE[3:], ...
+    left = DraftTree([PHRASE[3], 99, 98], [-1, 0, -1], accept_probs=[0.9, 0.4, 0.05])
+    merged = drafter.draft(8, FLAT, left)
+    assert (merged.tokens[:3], merged.parents[:3], merged.accept_probs[:3]) == (left.tokens, left.parents,
+                                                                                left.accept_probs)
+    assert merged.tokens[3] == PHRASE[4] and merged.parents[3] == 0  # below the client's PHRASE[3], not twice
+    paths = [tuple(merged.tokens[j] for j in merged.path_to(i)) for i in range(len(merged))]
+    assert len(set(paths)) == len(paths) and len(merged) <= 8
+    merged.validate(vocab_size=200)
+    assert len(drafter.draft(8, FLAT, left, max_depth=1)) == 3  # its only node that shallow is the client's
+    assert drafter.draft(3, FLAT, left) is left  # no room left
+    sampled = DraftTree([PHRASE[3]], [-1], {-1: ([PHRASE[3], 99], [0.5, 0.5])}, [0.5])
+    assert drafter.draft(8, FLAT, sampled) is sampled  # a sampled draft's parent takes only its proposal
+    unpriced = DraftTree([PHRASE[3]], [-1])
+    assert drafter.draft(8, FLAT, unpriced) is unpriced
+
+
+def test_it_learns_from_its_own_nodes_in_a_tree_it_added_to_and_the_client_reads_its_own():
+    drafter = drafter_after([1, 2] + PHRASE + [3, 4] + PHRASE[:3])
+    left = DraftTree([PHRASE[3], 99], [-1, -1], accept_probs=[0.9, 0.05])
+    merged = drafter.draft(8, FLAT, left)
+    path = [0] + [i for i in range(2, len(merged)) if merged.tokens[i] == PHRASE[4] and merged.parents[i] == 0]
+    assert len(path) == 2
+    hints = Hints([[t] for t in range(len(merged) + 1)], [[1.0]] * (len(merged) + 1))
+    drafter.observe(merged, Verdict(path, PHRASE[3:6], PHRASE[5], hints))
+    drafter.drafter.learn()  # (else at the next verdict)
+    assert drafter.drafter.model.reached.sum() > 0  # its draft's nodes, the client's PHRASE[3] among them
+    index = drafter.drafter.index
+    assert index.tokens[index.n - 3 : index.n].tolist() == PHRASE[3:6]
+    accepted, read, drafted = client_share(path, hints, len(left))
+    assert (accepted, drafted, read.ids) == ([0], 1, [[0], [1], [2]])
