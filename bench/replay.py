@@ -134,8 +134,8 @@ class PipelinedReplaySession(ReplaySession):
     verifier does (cloud/service.py), so that the edge pipelines its rounds over a round trip as it does in
     `specedge bench`: trees are verified in the order sent, each pass starting once its tree has arrived
     (half a round trip after it went out) and the pass before it has ended, its verdict back half a round
-    trip after the pass. A tree ahead is verified less what the verdicts before it committed; where nothing
-    of it is left, the verifier drafts up to `fill_tokens` itself (cloud/verifier_drafter.py). Verdicts are
+    trip after the pass. A tree ahead is verified less what the verdicts before it committed, and the verifier
+    adds its own draft to what is left, up to `fill_tokens` nodes in all (cloud/verifier_drafter.py). Verdicts are
     worked out when their tree is sent (every tree before it is known then) and handed out at their time;
     the verifier's own drafting runs in the edge's thread then, so its time (well under a millisecond) falls
     on the edge."""

@@ -1,17 +1,19 @@
-"""The verifier's own draft for a round whose tree has nothing left to verify, and what it keeps per client.
+"""The verifier's own draft for a tree sent ahead, and what it keeps per client.
 
 A tree sent ahead of the verdict in flight (edge pipelining over a long round trip) was drafted before the
 edge knew that verdict's last (bonus) token. Mostly it does not spell it, so nothing of it is left, and the
-pass would commit one token. The verifier knows that token as it builds the pass, so where the client asks
-(`DraftTree.fill_tokens`) it drafts there itself, with the edge's retrieval drafter over the session's own
-text (prompt and output) and the target's predictions it has computed for the session (hints, where the
-session asked for them), sized by its own cost model. The draft is verified like any other, so the output
-does not change; only how many tokens such a pass commits does.
+pass would commit one token; where something is left, it is what the edge could guess a verdict early. The
+verifier knows that token as it builds the pass, so where the client asks (`DraftTree.fill_tokens`) it adds
+its own draft to what is left (all of the draft where nothing is), with the edge's retrieval drafter over
+the session's own text (prompt and output) and the target's predictions it has computed for the session
+(hints, where the session asked for them), sized by its own cost model. The tree is verified like any
+other, so the output does not change; only how many tokens such a pass commits does.
 
-Over a long round trip most rounds are such rounds (72-78% at 80 ms by timed replay, BENCHMARKS.md section 8),
-so the verifier's drafter carries much of a client's speed. A fresh one starts each session with a cautious
-acceptance model and no earlier outputs; `WarmDrafters` keeps both per client for its next sessions, as the
-edge keeps its own (by the same replay, 4.1% more per prompt at 80 ms than fresh ones).
+Over a long round trip most rounds have nothing of the edge's tree left (72-78% at 80 ms by timed replay,
+BENCHMARKS.md section 8), so the verifier's drafter carries much of a client's speed. A fresh one starts
+each session with a cautious acceptance model and no earlier outputs; `WarmDrafters` keeps both per client
+for its next sessions, as the edge keeps its own (by the same replay, 4.1% more per prompt at 80 ms than
+fresh ones).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ TOKENIZER_PART_BYTES = 1 << 20  # gRPC's default message limit is 4 MiB; Gemma 3
 
 def tree_to_pb(tree: DraftTree, root_length: int | None = None, fill_tokens: int = 0) -> pb.DraftTree:
     """`root_length`: for a tree sent ahead of verdicts, the sequence length at its root (0/absent: the end);
-    `fill_tokens`: how many tokens the verifier may draft itself where nothing of it is left to verify."""
+    `fill_tokens`: for a tree ahead, how many nodes in all it may have once the verifier has added its own
+    draft to what is left of it (0: none added)."""
     msg = pb.DraftTree(tokens=tree.tokens, parents=tree.parents, accept_probs=tree.accept_probs or [],
                        root_length=root_length or 0, fill_tokens=fill_tokens)
     for parent, (ids, probs) in (tree.proposals or {}).items():

@@ -161,14 +161,36 @@ def test_where_nothing_of_a_tree_ahead_is_left_the_verifier_drafts_for_it_when_a
     session.close()
 
 
-def test_the_verifiers_draft_leaves_a_token_of_the_budget_for_the_tree_after_it(server, reference):
+def test_where_nodes_of_a_tree_ahead_are_left_the_verifier_adds_its_draft_below_them_when_asked(server, reference):
+    """It knows the verdict before, which the tree's sender did not: the verdict accepts the client's nodes
+    left and commits the verifier's below them as far as the target agrees; the client reads the verdict
+    and hints of its own nodes only."""
+    session = RemoteVerifier(server.target).open(PROMPT, LONG, hints_top_k=4)
+    session.send(DraftTree.chain(reference[:8]))  # opens; commits reference[:9]
+    ahead = DraftTree.chain(reference[:10])  # drafted before that verdict: reference[9] is left of it
+    ahead.accept_probs = [0.9 ** (i + 1) for i in range(10)]
+    session.send(ahead, root_length=len(PROMPT), fill_tokens=8)
+    first, second = session.receive(), session.receive()
+    assert first.tokens == reference[:9]
+    assert second.accepted == [0] and second.tokens == reference[9 : 9 + len(second.tokens)]
+    assert second.verifier_drafted == len(second.tokens) - 2 > 0
+    assert len(second.hints) == 2
+    session.close()
+
+
+@pytest.mark.parametrize("left", [0, 1], ids=["nothing left", "a node left"])
+def test_the_verifiers_draft_leaves_a_token_of_the_budget_for_the_tree_after_it(server, reference, left):
     """So a client that sends a tree ahead of such a verdict (which it does only while that verdict cannot
     end the budget: edge/generation.py) never sends one past the end."""
     session = RemoteVerifier(server.target).open(PROMPT, SamplingParams(max_new_tokens=12))
     out = session.step(DraftTree.chain(reference[:6])).tokens  # 7 of 12
     while len(out) < 12:
-        session.send(DraftTree.chain([(reference[0] + 1) % V]), root_length=len(PROMPT), fill_tokens=8)
+        n = left if 12 - len(out) >= 3 else 0  # (a node left commits two tokens at least)
+        ahead = DraftTree.chain(out[-1:] + reference[len(out) : len(out) + n] if n else [(reference[0] + 1) % V])
+        ahead.accept_probs = [0.9] * len(ahead)
+        session.send(ahead, root_length=len(PROMPT) + (len(out) - 1 if n else 0), fill_tokens=8)
         verdict = session.receive()
+        assert len(verdict.tokens) <= max(1, 12 - len(out) - 1)
         assert verdict.verifier_drafted <= max(0, 12 - len(out) - 2)
         out += verdict.tokens
     assert out == reference[:12]
