@@ -328,8 +328,8 @@ class VerifierService:
             raise _moved()
         if fingerprint and fingerprint != self.model.fingerprint:
             raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"tokenizer fingerprint {wire.shown(fingerprint)} differs from the verifier's {self.model.fingerprint}: "
-                         "the edge encodes text differently from this model")
+                         f"tokenizer fingerprint {wire.shown(fingerprint)} differs from the verifier's "
+                         f"{self.model.fingerprint}: the edge encodes text differently from this model")
         c, v = self.config, self.engine.vocab_size
         try:
             prompt = wire.prompt_from_pb(prompt_ids, v, c.max_prompt_tokens)
@@ -359,8 +359,9 @@ class VerifierService:
                          f"client {wire.shown(client)} already has {c.max_sessions_per_client} open sessions")
         if c.max_tokens_per_client and self.tokens_by_client[client] + tokens > c.max_tokens_per_client:
             raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {wire.shown(client)} has sessions claiming {self.tokens_by_client[client]} tokens; this one "
-                         f"(prompt + max_new_tokens = {tokens}) would pass its limit of {c.max_tokens_per_client}")
+                         f"client {wire.shown(client)} has sessions claiming {self.tokens_by_client[client]} tokens; "
+                         f"this one (prompt + max_new_tokens = {tokens}) would pass its limit of "
+                         f"{c.max_tokens_per_client}")
         self.sessions_by_client[client] += 1
         self.tokens_by_client[client] += tokens
         self.metrics.sessions.inc()
