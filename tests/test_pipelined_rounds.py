@@ -241,14 +241,16 @@ def test_an_edge_with_nothing_to_draft_commits_the_verifiers_drafts_over_a_long_
         assert got.verifier_drafted == 0 and got.rounds == len(reference)
 
 
-def test_seeded_sampling_gives_the_same_tokens_with_the_verifiers_drafts_as_without(server):
+@pytest.mark.parametrize("drafts", ["none", "the output's next 6"])
+def test_seeded_sampling_gives_the_same_tokens_with_the_verifiers_drafts_as_without(server, drafts):
     """The draws depend on the seed and the position only (tests/test_acceptance.py), so any draft, the
-    verifier's own included, leaves a seeded output as it is."""
+    verifier's own included, beside the client's or in their place, leaves a seeded output as it is."""
     params = SamplingParams(max_new_tokens=60, temperature=1.0, seed=3)
-    nothing = FunctionDrafter(lambda committed: DraftTree.empty())
+    expected = solo_output(server, params=params)
+    drafter = FunctionDrafter(lambda committed: DraftTree.empty()) if drafts == "none" else oracle(expected, depth=6)
     with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
-        got = generate(through(link.target, params), drafter=nothing, controller=Priced(max_nodes=8))
-    assert got.token_ids == solo_output(server, params=params) and got.ahead >= 2
+        got = generate(through(link.target, params), drafter=drafter, controller=Priced(max_nodes=8))
+    assert got.token_ids == expected and got.ahead >= 2
 
 
 def test_a_tree_rooted_outside_the_committed_sequence_is_invalid(server):
