@@ -97,7 +97,8 @@ class VerifierDrafter:
         """The verdict on `tree` (the session's, or the last one `draft` returned), committed. Of a tree this
         drafter added to, it learns from its own draft's nodes: those the tree has, sent or not."""
         if self._mine is not None and self._mine[0] is tree:
-            (_, (tree, index)), at = self._mine, {merged: i for i, merged in enumerate(self._mine[1][1])}
+            tree, index = self._mine[1]
+            at = {merged: i for i, merged in enumerate(index)}  # the merged tree's index -> its own tree's
             accepted = list(itertools.takewhile(lambda i: i in at, verdict.accepted))
             hints = verdict.hints
             if hints is not None:
