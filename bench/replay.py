@@ -159,19 +159,20 @@ class PipelinedReplaySession(ReplaySession):
         tree = DraftTree(tree.tokens, tree.parents, tree.proposals, tree.accept_probs)  # as the wire carries it
         if root_length:
             tree = tree.after(self.output[root_length - len(self.prompt_ids) : self.done])
-        sent = len(tree)
+        client_nodes = list(range(len(tree)))
         if fill_tokens > 0:
             if self._filler is None:
                 top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.seq is not None else 0
                 self._filler = VerifierDrafter(self.prompt_ids, self.params, top_k, self.output[: self.done],
                                                self._warm)
             # (one token of the budget left over, as the service leaves it)
-            tree = self._filler.draft(min(fill_tokens, MAX_TREE_NODES), self.cost, tree,
-                                      max_depth=len(self.output) - self.done - 2)
+            filled = self._filler.draft(min(fill_tokens, MAX_TREE_NODES), self.cost, tree,
+                                        max_depth=len(self.output) - self.done - 2)
+            tree, client_nodes = filled.tree, filled.client_nodes
         result = self._verify(tree)
         if self._filler is not None:
             self._filler.observe(tree, Verdict(result.accepted, result.tokens, result.tokens[-1], result.hints))
-        accepted, hints, drafted = client_share(result.accepted, result.hints, sent)  # as the client reads it
+        accepted, hints, drafted = client_share(result.accepted, result.hints, client_nodes)  # as the client reads it
         result = replace(result, accepted=accepted, hints=hints, verifier_drafted=drafted)
         arrives = sent_at + self.rtt_ms / 2e3
         starts = max(arrives, self._free_at)

@@ -40,8 +40,8 @@ class ServerConfig:
                                           "claim together; 0 = no limit")
     warm_drafter_clients: int = _setting(256, "clients whose verifier-side drafting state (acceptance "
                                          "model, earlier outputs) is kept for their next sessions, the least "
-                                         "recently served forgotten first (up to 1.7 MiB each); 0 = every session's starts "
-                                         "fresh")
+                                         "recently served forgotten first (up to 1.7 MiB each); 0 = every "
+                                         "session's starts fresh")
     idle_timeout_s: float = _setting(300.0, "close sessions idle this long")
     auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` metadata (one token shared by "
                                       "all clients; with --auth-tokens, either is accepted)")

@@ -166,19 +166,20 @@ class VerifierService:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
                 tree = _still_to_verify(self._tree(req.draft), req.draft.root_length, len(prompt), generated)
-                sent = len(tree)
+                client_nodes = list(range(len(tree)))
                 if req.draft.fill_tokens > 0:  # a tree ahead: the verifier adds its own draft
                     if drafter is None:  # (warm per identity and the name the client gives itself)
                         drafter = VerifierDrafter(prompt, params, hints_top_k, generated, self.warm_drafters,
                                                   f"{identity}|{label or ''}")
                     # One token of the budget is left over, so that the tree after it has a token to verify.
-                    tree = drafter.draft(min(req.draft.fill_tokens, self.config.max_tree_tokens), outcome.cost,
-                                         tree, max_depth=params.max_new_tokens - len(generated) - 2)
+                    filled = drafter.draft(min(req.draft.fill_tokens, self.config.max_tree_tokens), outcome.cost,
+                                           tree, max_depth=params.max_new_tokens - len(generated) - 2)
+                    tree, client_nodes = filled.tree, filled.client_nodes
                 outcome = await self._unless_moved(self.scheduler.verify(seq, tree))
                 generated += outcome.verdict.tokens
                 if drafter is not None:
                     drafter.observe(tree, outcome.verdict)
-                outcome, drafted = _as_sent(outcome, sent)
+                outcome, drafted = _as_sent(outcome, client_nodes)
                 yield pb.SessionResponse(verdict=self._verdict(outcome, drafted)).SerializeToString()
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
@@ -458,10 +459,11 @@ def _retrieved(future: asyncio.Future) -> None:
         future.exception()
 
 
-def _as_sent(o: StepOutcome, sent: int) -> tuple[StepOutcome, int]:
-    """The outcome as the client reads it, where the verifier added its own draft to the `sent` nodes of the
-    client's tree that were left, and how many of the committed tokens it drafted (`client_share`)."""
-    accepted, hints, drafted = client_share(o.verdict.accepted, o.verdict.hints, sent)
+def _as_sent(o: StepOutcome, client_nodes: list[int]) -> tuple[StepOutcome, int]:
+    """The outcome as the client reads it, where the verifier added its own draft to the client's nodes left
+    (`client_nodes`: each one's index in the tree verified), and how many of the committed tokens it drafted
+    (`client_share`)."""
+    accepted, hints, drafted = client_share(o.verdict.accepted, o.verdict.hints, client_nodes)
     return replace(o, verdict=replace(o.verdict, accepted=accepted, hints=hints)), drafted
 
 

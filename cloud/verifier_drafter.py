@@ -36,6 +36,14 @@ from specedge.edge.retrieval import RetrievalDrafter
 WARM_HISTORY_TOKENS = 8192  # earlier outputs kept per client (1.7 MiB held at most, measured on random text)
 
 
+@dataclass
+class Filled:
+    """A tree ahead as the verifier verifies it: the client's nodes left and its own draft's, best first."""
+
+    tree: DraftTree
+    client_nodes: list[int]  # each of the client's nodes' index in `tree`
+
+
 class VerifierDrafter:
     """One session's drafter on the verifier, from the first round that asks to be filled on: it sees every
     verdict from then on (its tokens, and its hints where the session has them)."""
@@ -53,22 +61,24 @@ class VerifierDrafter:
         self._mine: tuple[DraftTree, tuple[DraftTree, list[int]]] | None = None
 
     def draft(self, max_tokens: int, cost: CostModel, left: DraftTree | None = None, max_depth: int | None = None
-              ) -> DraftTree:
-        """`left` (what is left of the client's tree, kept whole as its first nodes) and below the committed
-        text the nodes of this drafter's best-first draft that it lacks, as many as pay for the time they add
-        to the pass (the verifier is what a pipelined client waits on: no round trip to amortise), `max_tokens`
-        nodes in all, none of those added deeper than `max_depth`. A tree ahead that the verdict before it
-        left something of was still drafted without that verdict's last token, which this draft knows.
-        Nothing is added below a client's sampled drafts (their proposals are the whole of what the rejection
-        sampling at their parents may take) nor to a tree without acceptance estimates to price it by."""
+              ) -> Filled:
+        """`left` (what is left of the client's tree, kept whole) and below the committed text the nodes of
+        this drafter's best-first draft that it lacks, as many as pay for the time they add to the pass (the
+        verifier is what a pipelined client waits on: no round trip to amortise), `max_tokens` nodes in all,
+        none of those added deeper than `max_depth`; all best first, as a loaded step's plan takes them
+        (cloud/step_plan.py). A tree ahead that the verdict before it left something of was still drafted
+        without that verdict's last token, which this draft knows. Nothing is added below a client's sampled
+        drafts (their proposals are the whole of what the rejection sampling at their parents may take) nor
+        to a tree without acceptance estimates to price it by."""
         left = left if left is not None else DraftTree.empty()
         self._mine = None
+        as_sent = Filled(left, list(range(len(left))))
         if max_tokens <= len(left) or left.proposals or (len(left) and left.accept_probs is None):
-            return left
+            return as_sent
         own = self.drafter.propose()
         if not own.accept_probs:  # (none: nothing to price it by, nothing added)
-            return left
-        tokens, parents, probs = list(left.tokens), list(left.parents), []
+            return as_sent
+        tokens, parents, probs = list(left.tokens), list(left.parents), list(left.accept_probs or ())
         node = {(parent, token): i for i, (token, parent) in enumerate(zip(left.tokens, left.parents))}
         depth, where = left.depths(), []  # where: each of `own`'s nodes in the merged tree (None: left out)
         for token, parent, p in zip(own.tokens, own.parents, own.accept_probs):
@@ -85,13 +95,17 @@ class VerifierDrafter:
             tokens.append(token)
             parents.append(above)
             depth.append(d)
-            probs.append(p)
+            probs.append(min(p, probs[above]) if above >= 0 else p)  # (a path's estimate: never above its parent's)
         # Priced with what the client's nodes promise (their estimates, given the path committed) as the base.
-        n = best_tree_size(probs, cost.table(len(tokens))[len(left) :], base=1.0 + sum(left.accept_probs or ()))
+        n = best_tree_size(probs[len(left) :], cost.table(len(tokens))[len(left) :], base=1.0 + sum(probs[: len(left)]))
         kept = len(left) + n
-        merged = DraftTree(tokens[:kept], parents[:kept], None, list(left.accept_probs or ()) + probs[:n])
-        self._mine = merged, _sent_of(own, [w if w is not None and w < kept else None for w in where])
-        return merged
+        # Best first: a parent's estimate is never below its child's, and on a tie the parent comes first.
+        order = sorted(range(kept), key=lambda i: (-probs[i], i))
+        new = {old: i for i, old in enumerate(order)}
+        merged = DraftTree([tokens[i] for i in order], [new[parents[i]] if parents[i] >= 0 else -1 for i in order],
+                           None, [probs[i] for i in order])
+        self._mine = merged, _sent_of(own, [new[w] if w is not None and w < kept else None for w in where])
+        return Filled(merged, [new[i] for i in range(len(left))])
 
     def observe(self, tree: DraftTree, verdict: Verdict) -> None:
         """The verdict on `tree` (the session's, or the last one `draft` returned), committed. Of a tree this
@@ -115,14 +129,17 @@ class VerifierDrafter:
             self.warm.give_back(self.client, self.drafter)
 
 
-def client_share(accepted: list[int], hints: Hints | None, sent: int) -> tuple[list[int], Hints | None, int]:
-    """Of a verdict on a tree whose first `sent` nodes are the client's and the rest the verifier's own draft
-    (`VerifierDrafter.draft`), what the client reads: its own accepted nodes (the first of the path: the
-    verifier's nodes hang below the client's), the hints of the root and its own nodes, and how many of the
-    committed tokens the verifier drafted."""
-    own = [i for i in accepted if i < sent]
-    if hints is not None and len(hints.ids) > sent + 1:
-        hints = Hints(hints.ids[: sent + 1], hints.probs[: sent + 1])
+def client_share(accepted: list[int], hints: Hints | None, client_nodes: list[int]
+                 ) -> tuple[list[int], Hints | None, int]:
+    """Of a verdict on a tree that holds the client's nodes left (`client_nodes`: each one's index in it) and
+    the verifier's own draft (`VerifierDrafter.draft`), what the client reads: its own accepted nodes (the
+    first of the path: the verifier's nodes hang below the client's), the hints of the root and its own
+    nodes, and how many of the committed tokens the verifier drafted."""
+    at = {merged: i for i, merged in enumerate(client_nodes)}
+    own = [at[i] for i in itertools.takewhile(lambda i: i in at, accepted)]
+    if hints is not None:
+        rows = [0] + [1 + merged for merged in client_nodes]
+        hints = Hints([hints.ids[r] for r in rows], [hints.probs[r] for r in rows])
     return own, hints, len(accepted) - len(own)
 
 
