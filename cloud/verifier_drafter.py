@@ -78,24 +78,7 @@ class VerifierDrafter:
         own = self.drafter.propose()
         if not own.accept_probs:  # (none: nothing to price it by, nothing added)
             return as_sent
-        tokens, parents, probs = list(left.tokens), list(left.parents), list(left.accept_probs or ())
-        node = {(parent, token): i for i, (token, parent) in enumerate(zip(left.tokens, left.parents))}
-        depth, where = left.depths(), []  # where: each of `own`'s nodes in the merged tree (None: left out)
-        for token, parent, p in zip(own.tokens, own.parents, own.accept_probs):
-            above = where[parent] if parent >= 0 else -1
-            if above is None or (above, token) in node:
-                where.append(None if above is None else node[(above, token)])
-                continue
-            d = depth[above] + 1 if above >= 0 else 1
-            if len(tokens) >= max_tokens or (max_depth is not None and d > max_depth):
-                where.append(None)
-                continue
-            where.append(len(tokens))
-            node[(above, token)] = len(tokens)
-            tokens.append(token)
-            parents.append(above)
-            depth.append(d)
-            probs.append(min(p, probs[above]) if above >= 0 else p)  # (a path's estimate: never above its parent's)
+        tokens, parents, probs, where = _added(left, own, max_tokens, max_depth)
         # Priced with what the client's nodes promise (their estimates, given the path committed) as the base.
         n = best_tree_size(probs[len(left) :], cost.table(len(tokens))[len(left) :], base=1.0 + sum(probs[: len(left)]))
         kept = len(left) + n
@@ -112,13 +95,8 @@ class VerifierDrafter:
         drafter added to, it learns from its own draft's nodes: those the tree has, sent or not."""
         if self._mine is not None and self._mine[0] is tree:
             tree, index = self._mine[1]
-            at = {merged: i for i, merged in enumerate(index)}  # the merged tree's index -> its own tree's
-            accepted = list(itertools.takewhile(lambda i: i in at, verdict.accepted))
-            hints = verdict.hints
-            if hints is not None:
-                rows = [0] + [1 + merged for merged in index]
-                hints = Hints([hints.ids[r] for r in rows], [hints.probs[r] for r in rows])
-            verdict = Verdict([at[i] for i in accepted], verdict.tokens, verdict.bonus, hints)
+            verdict = Verdict(_path_within(verdict.accepted, index), verdict.tokens, verdict.bonus,
+                              _rows(verdict.hints, index))
         self._mine = None
         self.drafter.observe(tree, StepResult(verdict.tokens, verdict.accepted, 0.0, hints=verdict.hints))
 
@@ -132,15 +110,51 @@ class VerifierDrafter:
 def client_share(accepted: list[int], hints: Hints | None, client_nodes: list[int]
                  ) -> tuple[list[int], Hints | None, int]:
     """Of a verdict on a tree that holds the client's nodes left (`client_nodes`: each one's index in it) and
-    the verifier's own draft (`VerifierDrafter.draft`), what the client reads: its own accepted nodes (the
-    first of the path: the verifier's nodes hang below the client's), the hints of the root and its own
-    nodes, and how many of the committed tokens the verifier drafted."""
-    at = {merged: i for i, merged in enumerate(client_nodes)}
-    own = [at[i] for i in itertools.takewhile(lambda i: i in at, accepted)]
-    if hints is not None:
-        rows = [0] + [1 + merged for merged in client_nodes]
-        hints = Hints([hints.ids[r] for r in rows], [hints.probs[r] for r in rows])
-    return own, hints, len(accepted) - len(own)
+    the verifier's own draft (`VerifierDrafter.draft`), what the client reads: its own accepted nodes, the
+    hints of the root and its own nodes, and how many of the committed tokens the verifier drafted."""
+    own = _path_within(accepted, client_nodes)
+    return own, _rows(hints, client_nodes), len(accepted) - len(own)
+
+
+def _added(left: DraftTree, draft: DraftTree, max_tokens: int, max_depth: int | None
+           ) -> tuple[list[int], list[int], list[float], list[int | None]]:
+    """`left`'s nodes, then `draft`'s that it lacks, in `draft`'s order, within `max_tokens` nodes in all and
+    `max_depth`: (tokens, parents, estimates, each of `draft`'s nodes' index among them or None). An added
+    node's estimate is capped at its parent's (a path's estimate), whoever drafted the parent."""
+    tokens, parents, probs = list(left.tokens), list(left.parents), list(left.accept_probs or ())
+    node = {(parent, token): i for i, (token, parent) in enumerate(zip(left.tokens, left.parents))}
+    depth, where = left.depths(), []
+    for token, parent, p in zip(draft.tokens, draft.parents, draft.accept_probs):
+        above = where[parent] if parent >= 0 else -1
+        if above is None or (above, token) in node:
+            where.append(None if above is None else node[(above, token)])
+            continue
+        d = depth[above] + 1 if above >= 0 else 1
+        if len(tokens) >= max_tokens or (max_depth is not None and d > max_depth):
+            where.append(None)
+            continue
+        where.append(len(tokens))
+        node[(above, token)] = len(tokens)
+        tokens.append(token)
+        parents.append(above)
+        depth.append(d)
+        probs.append(min(p, probs[above]) if above >= 0 else p)
+    return tokens, parents, probs, where
+
+
+def _path_within(accepted: list[int], nodes: list[int]) -> list[int]:
+    """The accepted path's first nodes that are among `nodes` (indices in the tree verified), as indices into
+    `nodes`. (Below a node not among them none is: `nodes` holds each one's parent.)"""
+    at = {node: i for i, node in enumerate(nodes)}
+    return [at[i] for i in itertools.takewhile(lambda i: i in at, accepted)]
+
+
+def _rows(hints: Hints | None, nodes: list[int]) -> Hints | None:
+    """The hints of the root and of `nodes` (indices in the tree verified), in that order."""
+    if hints is None:
+        return None
+    rows = [0] + [1 + node for node in nodes]
+    return Hints([hints.ids[r] for r in rows], [hints.probs[r] for r in rows])
 
 
 def _sent_of(draft: DraftTree, where: list[int | None]) -> tuple[DraftTree, list[int]]:
@@ -149,8 +163,8 @@ def _sent_of(draft: DraftTree, where: list[int | None]) -> tuple[DraftTree, list
     its whole draft `draft`, and each one's index in the merged tree."""
     kept = [i for i, w in enumerate(where) if w is not None]
     new = {old: i for i, old in enumerate(kept)}
-    tree = DraftTree([draft.tokens[i] for i in kept], [new[draft.parents[i]] if draft.parents[i] >= 0 else -1
-                                                       for i in kept], None,
+    parents = [new[draft.parents[i]] if draft.parents[i] >= 0 else -1 for i in kept]
+    tree = DraftTree([draft.tokens[i] for i in kept], parents, None,
                      None if draft.accept_probs is None else [draft.accept_probs[i] for i in kept],
                      None if draft.notes is None else [draft.notes[i] for i in kept],
                      draft.drafted if draft.drafted is not None else draft)
