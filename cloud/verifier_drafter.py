@@ -150,10 +150,12 @@ def _path_within(accepted: list[int], nodes: list[int]) -> list[int]:
 
 
 def _rows(hints: Hints | None, nodes: list[int]) -> Hints | None:
-    """The hints of the root and of `nodes` (indices in the tree verified), in that order."""
+    """The hints of the root and of `nodes` (indices in the tree), in that order, up to the first node the
+    pass did not compute (a loaded step's plan may verify only the tree's first nodes; as for a client's
+    tree cut by it, the rows after are missing, not empty)."""
     if hints is None:
         return None
-    rows = [0] + [1 + node for node in nodes]
+    rows = list(itertools.takewhile(lambda r: r < len(hints), [0] + [1 + node for node in nodes]))
     return Hints([hints.ids[r] for r in rows], [hints.probs[r] for r in rows])
 
 

@@ -138,3 +138,11 @@ def test_it_learns_from_its_own_nodes_in_a_tree_it_added_to_and_the_client_reads
     assert index.tokens[index.n - 3 : index.n].tolist() == PHRASE[3:6]
     accepted, read, drafted = client_share(path, hints, filled.client_nodes)
     assert (accepted, drafted, read.ids) == ([1], 1, [[0], [1 + wrong], [1 + right]])
+
+
+def test_where_a_loaded_step_verified_only_the_first_nodes_the_client_gets_its_rows_up_to_the_first_missing():
+    """Hints travel as rows of equal length (common/wire.py), so a row the pass did not compute ends them, as
+    it does for a client's tree that a step's plan cut."""
+    hints = Hints([[0], [1], [2]], [[1.0]] * 3)  # the root's and the first two nodes' of a 4-node tree
+    accepted, read, drafted = client_share([1], hints, [1, 3, 0])
+    assert (accepted, drafted, read.ids) == ([0], 0, [[0], [2]])
