@@ -54,8 +54,8 @@ def add_parser(commands) -> None:
                    help="gRPC mode: whether drafters may send a tree ahead of the verdict in flight (on: when the "
                    "controller finds it pays); `on,off` also runs each as DRAFTER/serial, never ahead")
     b.add_argument("--fill", default="on", metavar="on,off",
-                   help="gRPC mode: whether the verifier may draft a tree sent ahead of which nothing is left once "
-                   "the verdict before it is known (on); `on,off` also runs each as DRAFTER/nofill")
+                   help="gRPC mode: whether the verifier may add its own draft to what is left of a tree sent ahead "
+                   "once the verdict before it is known (on); `on,off` also runs each as DRAFTER/nofill")
     b.add_argument("--concurrency", default="1",
                    help="concurrent edge clients, comma-separated (e.g. 1,4,16). Anything but 1, a round trip "
                    "or the server-ar baseline runs the gRPC mode: clients against a verifier on loopback")

@@ -22,10 +22,9 @@ def add_edge_flags(parser: argparse.ArgumentParser, default_drafter: str) -> Non
     parser.add_argument("--no-overlap", action="store_true", help="never send a tree ahead of the verdict in "
                         "flight (by default one goes out where that pays more than waiting a round trip for "
                         "the verdict)")
-    parser.add_argument("--no-fill", action="store_true", help="do not let the verifier draft a tree sent ahead "
-                        "of which nothing is left once the verdict before it is known (by default it drafts there "
-                        "itself, from the session's own text: it knows that verdict's last token, the edge did "
-                        "not)")
+    parser.add_argument("--no-fill", action="store_true", help="do not let the verifier add its own draft to what "
+                        "is left of a tree sent ahead once the verdict before it is known (by default it does, "
+                        "from the session's own text: it knows that verdict's last token, the edge did not)")
     parser.add_argument("--corpus", action="append", type=Path, default=[], metavar="PATH",
                         help="files or directories for the long-term datastore, or a datastore built with "
                         "`specedge index build` (repeatable); built once and cached")

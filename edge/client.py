@@ -55,7 +55,7 @@ class EdgeClient:
     nodes a round sends; the verifier's own limit (read at connect) lowers it. `hints`: let the drafter draft
     from the verifier's own top tokens at every verified position, when both offer it (a few hundred bytes
     a round). `overlap`: send the next tree ahead of the verdict in flight where that pays
-    (edge/controller.py, `ahead`). `fill`: let the verifier draft for a tree ahead of which nothing is left
+    (edge/controller.py, `ahead`). `fill`: let the verifier add its own draft to what is left of a tree ahead
     once the verdict before it is known (cloud/verifier_drafter.py). Thread-safe: concurrent generate and
     stream calls share the connection."""
 

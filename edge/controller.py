@@ -28,9 +28,9 @@ class TreeSizeController:
                  fixed: int | None = None, overlap: bool = True, fill: bool = True) -> None:
         """`fixed`: always send this many nodes (as many as the draft has, within the caps) instead of the
         expected-value choice: the fixed sizes that experiments compare the choice with. `overlap`: send a
-        tree ahead of the verdict in flight where that pays (see `ahead`). `fill`: let the verifier draft for
-        a tree ahead of which nothing is left once the verdict before it is known (cloud/verifier_drafter.py:
-        it knows that verdict's last token, which the edge could not)."""
+        tree ahead of the verdict in flight where that pays (see `ahead`). `fill`: let the verifier add its own
+        draft to what is left of a tree ahead once the verdict before it is known, all of it where nothing is
+        left (cloud/verifier_drafter.py: it knows that verdict's last token, which the edge could not)."""
         self.max_nodes = max_nodes
         self.fixed = fixed
         self.overlap = overlap
@@ -118,7 +118,7 @@ class TreeSizeController:
 
     @property
     def fill_tokens(self) -> int:
-        """The most tokens a tree ahead lets the verifier draft where nothing of it is left (0: none)."""
+        """The most nodes a tree ahead may have once the verifier has added its own draft (0: none added)."""
         return (self.fixed or self.max_nodes) if self.fill else 0
 
     def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:

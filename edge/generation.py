@@ -33,7 +33,7 @@ class GenerationResult:
     sent_ms: list[float] = field(default_factory=list)
     verdict_ms: list[float] = field(default_factory=list)
     ahead: int = 0  # rounds whose tree went out ahead of the verdict before it (pipelined)
-    verifier_drafted: int = 0  # committed tokens the verifier drafted itself (trees ahead with nothing left)
+    verifier_drafted: int = 0  # committed tokens the verifier drafted itself (for trees ahead)
 
     @property
     def num_tokens(self) -> int:
