@@ -118,7 +118,7 @@ class ReplaySession:
         self.done += len(tokens)
         self.pass_ms.append(self.cost.ms(len(tree)))
         return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1], rtt_ms=self.rtt_ms,
-                          hints=hints)
+                          hints=hints, verified_nodes=len(tree))
 
     def cost_model(self) -> CostModel:
         return self.cost

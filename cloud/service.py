@@ -418,7 +418,7 @@ class VerifierService:
                           next_max_tree_tokens=min(self.config.max_tree_tokens, o.next_max_tree_tokens),
                           cost=wire.cost_to_pb(o.cost, o.active_sessions),
                           hints=wire.hints_to_pb(o.verdict.hints) if o.verdict.hints is not None else None,
-                          verifier_drafted=verifier_drafted)
+                          verifier_drafted=verifier_drafted, verified_nodes=o.tree_sent)
 
 
 class _PrefillReports:

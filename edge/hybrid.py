@@ -199,7 +199,8 @@ class HybridDrafter:
             return
         rnd = self._pending.popleft()
         if not self._first_verdict:  # the first's pass computes the prompt too
-            self.worth.passed(len(tree), result.compute_ms, rnd.beside)
+            verified = len(tree) if result.verified_nodes is None else result.verified_nodes  # the verifier's fill too
+            self.worth.passed(verified, result.compute_ms, rnd.beside)
         self._first_verdict = False
         for later in self._pending:
             later.since += result.tokens

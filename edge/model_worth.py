@@ -88,8 +88,8 @@ class ModelWorth:
         self.committed += weight * (committed - self.committed)
 
     def passed(self, nodes: int, compute_ms: float, work: PassWork | None) -> None:
-        """A verdict's pass: its tree's nodes, the verifier's time, what the model did beside it (None: nothing,
-        it did not take part)."""
+        """A verdict's pass: the nodes it verified (with the verifier's own draft, where it filled the tree), the
+        verifier's time, what the model did beside it (None: nothing, it did not take part)."""
         self._passes += 1
         if work is PassWork.READ or compute_ms <= 0:
             return

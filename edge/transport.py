@@ -159,7 +159,8 @@ class RemoteSession:
         return StepResult(tokens=list(verdict.tokens), accepted=list(verdict.accepted), compute_ms=verdict.compute_ms,
                           queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),
                           next_max_tree_tokens=verdict.next_max_tree_tokens, hints=wire.hints_from_pb(verdict.hints),
-                          verifier_drafted=verdict.verifier_drafted)
+                          verifier_drafted=verdict.verifier_drafted,
+                          verified_nodes=verdict.verified_nodes if verdict.HasField("verified_nodes") else None)
 
     def cost_model(self) -> CostModel:
         return self._cost

@@ -131,6 +131,7 @@ def test_a_tree_sent_ahead_is_verified_below_what_the_verdict_before_it_committe
     first, second = session.receive(), session.receive()
     assert first.tokens == reference[:4]
     assert second.tokens == reference[4:10] and second.accepted == [0, 1, 2, 3, 4]  # the 5 nodes left
+    assert (first.verified_nodes, second.verified_nodes) == (3, 5)  # what each pass's time paid for
     # A tree that does not spell what was committed since its root: only the verifier's own next token.
     session.send(DraftTree.chain([(reference[10] + 1) % V, 7]), root_length=len(PROMPT) + 9)
     assert session.receive().tokens == [reference[10]]
@@ -151,13 +152,13 @@ def test_where_nothing_of_a_tree_ahead_is_left_the_verifier_drafts_for_it_when_a
     assert first.tokens == reference[:9]
     assert len(second.tokens) > 1 and second.tokens == reference[9 : 9 + len(second.tokens)]
     assert second.accepted == [] and second.verifier_drafted == len(second.tokens) - 1
-    assert len(second.hints) == 1
+    assert len(second.hints) == 1 and second.verified_nodes >= second.verifier_drafted  # its own nodes, all verified
     # Not asked (fill_tokens 0): the bare pass's one token, as before.
     end = len(PROMPT) + len(first.tokens) + len(second.tokens)
     session.send(DraftTree.empty())
     session.send(DraftTree.chain([(reference[0] + 1) % V]), root_length=end)
     third, fourth = session.receive(), session.receive()
-    assert len(third.tokens) == len(fourth.tokens) == 1 and fourth.verifier_drafted == 0
+    assert len(third.tokens) == len(fourth.tokens) == 1 and fourth.verifier_drafted == fourth.verified_nodes == 0
     session.close()
 
 
@@ -174,7 +175,7 @@ def test_where_nodes_of_a_tree_ahead_are_left_the_verifier_adds_its_draft_below_
     assert first.tokens == reference[:9]
     assert second.accepted == [0] and second.tokens == reference[9 : 9 + len(second.tokens)]
     assert second.verifier_drafted == len(second.tokens) - 2 > 0
-    assert len(second.hints) == 2
+    assert len(second.hints) == 2 and second.verified_nodes >= 1 + second.verifier_drafted  # its node and the draft
     session.close()
 
 
