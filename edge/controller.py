@@ -39,6 +39,11 @@ class TreeSizeController:
         # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
         self._filled: float | None = None
         self._promised: float | None = None
+        # Recent means of what the trees sent after declining to go ahead committed of their drafts and of
+        # what waiting promised at those declines: their ratio scales what waiting promises.
+        self._waited: float | None = None
+        self._waited_promise: float | None = None
+        self.declined: float | None = None  # what waiting promised where the last `ahead` declined (None: it went)
         self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
@@ -74,6 +79,7 @@ class TreeSizeController:
         that draft commits: what this one promises (the verifier drafts from the same text, by the same
         rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
         such promises (under load it sizes them down; in a new session its estimates start from priors)."""
+        self.declined = None
         if not self.overlap:
             return None
         # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
@@ -90,15 +96,21 @@ class TreeSizeController:
             filled = promised * (1.0 if self._filled is None else self._filled / max(self._promised, 1e-9))
             ahead = max(ahead, min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait)))
         if ahead <= AHEAD_MARGIN * waiting:
+            self.declined = promised
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered)[0]
 
     def _waiting(self, fresh: DraftTree, cost: CostModel, remaining: int) -> tuple[float, float, int]:
         """(expected tokens per ms, tokens promised, nodes sent) of waiting for the verdict, then sending what
-        `choose` takes of `fresh`."""
+        `choose` takes of `fresh`; what it promises scaled by what the trees sent after waiting lately
+        committed against such promises. (A draft beyond the path in flight promises what it does where the
+        verdict commits that path; where it does not, the hybrid's next tree is retrieval's alone: its trees
+        after waiting committed a small part of what waiting had promised, by timed replay at 80 ms, and it
+        had waited in 8% of its rounds where retrieval waited in 1%, BENCHMARKS.md section 8.)"""
         wait = self.choose(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        return min(remaining, 1.0 + promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
+        scale = 1.0 if self._waited is None else self._waited / max(self._waited_promise, 1e-9)
+        return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int
                     ) -> tuple[int, float]:
@@ -121,10 +133,16 @@ class TreeSizeController:
         """The most nodes a tree ahead may have once the verifier has added its own draft (0: none added)."""
         return (self.fixed or self.max_nodes) if self.fill else 0
 
-    def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
+    def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False, waited: float | None = None
+                ) -> None:
         """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A
         tree sent ahead waited on the verifier for the verdict before it: its wait tells nothing of the
-        network; where nothing of it was left, it tells what the verifier's draft committed."""
+        network; where nothing of it was left, it tells what the verifier's draft committed. `waited`: this
+        tree was sent after `ahead` declined, pricing waiting by this promise (`declined`): what the tree
+        committed is what waiting was worth."""
+        if waited is not None:
+            self._waited = _mean(self._waited, len(result.accepted), FILL_ALPHA)
+            self._waited_promise = _mean(self._waited_promise, waited, FILL_ALPHA)
         if not ahead:
             measured = result.rtt_ms + result.queue_ms
             self.overhead_ms += self.alpha * (measured - self.overhead_ms)
