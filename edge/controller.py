@@ -109,7 +109,7 @@ class TreeSizeController:
         had waited in 8% of its rounds where retrieval waited in 1%, BENCHMARKS.md section 8.)"""
         wait = self.choose(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        scale = 1.0 if self._waited is None else self._waited / max(self._waited_promise, 1e-9)
+        scale = 1.0 if self._waited is None else self._waited / self._waited_promise
         return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int
@@ -140,7 +140,7 @@ class TreeSizeController:
         network; where nothing of it was left, it tells what the verifier's draft committed. `waited`: this
         tree was sent after `ahead` declined, pricing waiting by this promise (`declined`): what the tree
         committed is what waiting was worth."""
-        if waited is not None:
+        if waited:  # (a decline where waiting promised nothing tells nothing of what its promises are worth)
             self._waited = _mean(self._waited, len(result.accepted), FILL_ALPHA)
             self._waited_promise = _mean(self._waited_promise, waited, FILL_ALPHA)
         if not ahead:

@@ -164,6 +164,9 @@ def test_waiting_is_worth_what_the_trees_sent_after_waiting_committed_against_it
     for committed, goes_ahead in ((0, True), (None, False)):
         far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
         assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None  # priced as promised, it waits
+        # A decline where waiting promised nothing (an empty draft) tells nothing of what promises are worth.
+        far.observe(DraftTree.empty(), StepResult([1], [], compute_ms=50.0, rtt_ms=80.0), waited=0.0)
+        assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None
         for _ in range(10):
             promised = far.declined
             got = round(promised) if committed is None else committed
