@@ -40,9 +40,11 @@ class TreeSizeController:
         self._filled: float | None = None
         self._promised: float | None = None
         # Recent means of what the trees sent after declining to go ahead committed of their drafts and of
-        # what waiting promised at those declines: their ratio scales what waiting promises.
-        self._waited: float | None = None
-        self._waited_promise: float | None = None
+        # what waiting promised at those declines: their ratio scales what waiting promises. They start from a
+        # promise kept (one token for one), so that no single tree settles it: a tree ahead goes whenever
+        # waiting is worth less, so once the ratio is low, declines and their trees to learn from are rare.
+        self._waited = 1.0
+        self._waited_promise = 1.0
         self.declined: float | None = None  # what waiting promised where the last `ahead` declined (None: it went)
         self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
         self.alpha = alpha
@@ -109,7 +111,7 @@ class TreeSizeController:
         had waited in 8% of its rounds where retrieval waited in 1%, BENCHMARKS.md section 8.)"""
         wait = self.choose(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        scale = 1.0 if self._waited is None else self._waited / self._waited_promise
+        scale = self._waited / self._waited_promise
         return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int

@@ -159,7 +159,8 @@ def test_waiting_is_worth_what_the_trees_sent_after_waiting_committed_against_it
     """Where a tree ahead is declined, waiting was priced by what a draft after the verdict promises; the tree
     then sent after the verdict tells what waiting was worth. A drafter whose trees after waiting commit
     nothing of those promises (the hybrid's, where the verdict did not commit the path its model drafted
-    beyond) comes to go ahead; one whose trees commit what was promised keeps waiting."""
+    beyond) comes to go ahead, though not after one such tree; one whose trees commit what was promised keeps
+    waiting."""
     draft = beyond_path([0.6, 0.35, 0.2, 0.1], 0.9)
     for committed, goes_ahead in ((0, True), (None, False)):
         far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
@@ -167,7 +168,7 @@ def test_waiting_is_worth_what_the_trees_sent_after_waiting_committed_against_it
         # A decline where waiting promised nothing (an empty draft) tells nothing of what promises are worth.
         far.observe(DraftTree.empty(), StepResult([1], [], compute_ms=50.0, rtt_ms=80.0), waited=0.0)
         assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None
-        for _ in range(10):
+        for trees in range(1, 11):
             promised = far.declined
             got = round(promised) if committed is None else committed
             far.observe(chain(0.9, 16), StepResult([1] * (got + 1), list(range(got)), compute_ms=50.0, rtt_ms=80.0),
@@ -175,6 +176,7 @@ def test_waiting_is_worth_what_the_trees_sent_after_waiting_committed_against_it
             if far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is not None:
                 break
         assert (far.declined is None) == goes_ahead
+        assert trees > 1  # no single tree settles what waiting is worth
 
 
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
