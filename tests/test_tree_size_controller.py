@@ -179,6 +179,21 @@ def test_waiting_is_worth_what_the_trees_sent_after_waiting_committed_against_it
         assert trees > 1  # no single tree settles what waiting is worth
 
 
+@pytest.mark.parametrize("drafted, goes_ahead", [(0, False), (2, True)])
+def test_a_draft_beyond_a_path_is_worth_its_nodes_where_the_path_is_committed_and_the_verifiers_where_not(
+        drafted, goes_ahead):
+    """Beyond a path nothing of the tree is left where the verdict in flight does not commit the path whole,
+    and there the verifier drafts: the tree ahead is worth both. Priced as one or the other, this one
+    waited even where the verifier's drafts commit two tokens a bare tree ahead."""
+    draft = beyond_path([0.9, 0.7, 0.5, 0.4], 0.9)
+    far = TreeSizeController(max_nodes=16, overhead_ms=80)
+    for _ in range(20):
+        far.ahead(draft, LINEAR, 1000, covered=4, beyond=True)
+        far.observe(DraftTree.empty(), StepResult([1] * (drafted + 1), [], compute_ms=150.0,
+                                                  verifier_drafted=drafted), ahead=True)
+    assert (far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is not None) == goes_ahead
+
+
 def test_a_fixed_size_goes_ahead_with_that_many_nodes_below_the_covered_ones():
     fixed = TreeSizeController(max_nodes=64, overhead_ms=80, fixed=8)
     assert fixed.ahead(chain(0.95), LINEAR, remaining=1000, covered=6) == 6 + 8
