@@ -39,13 +39,6 @@ class TreeSizeController:
         # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
         self._filled: float | None = None
         self._promised: float | None = None
-        # Recent means of what the trees sent after declining to go ahead committed of their drafts and of
-        # what waiting promised at those declines: their ratio scales what waiting promises. They start from a
-        # promise kept (one token for one), so that no single tree settles it: a tree ahead goes whenever
-        # waiting is worth less, so once the ratio is low, declines and their trees to learn from are rare.
-        self._waited = 1.0
-        self._waited_promise = 1.0
-        self.declined: float | None = None  # what waiting promised where the last `ahead` declined (None: it went)
         self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
@@ -81,7 +74,6 @@ class TreeSizeController:
         that draft commits: what this one promises (the verifier drafts from the same text, by the same
         rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
         such promises (under load it sizes them down; in a new session its estimates start from priors)."""
-        self.declined = None
         if not self.overlap:
             return None
         # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
@@ -92,34 +84,29 @@ class TreeSizeController:
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
         waiting, promised, wait = self._waiting(own, cost, remaining)
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
-        unfilled = 0.0  # what the verifier's draft adds where nothing of this tree is left
+        filled = 0.0  # what the verifier's own draft commits for a tree ahead with nothing left
         if self.fill:
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
             filled = promised * (1.0 if self._filled is None else self._filled / max(self._promised, 1e-9))
-            # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier
-            # drafts there: the tree is worth its nodes where it commits the path and the verifier's draft
-            # where it does not, both. (Priced as one or the other, the hybrid waited in 8% of its rounds at
-            # 80 ms, retrieval in 1%; going ahead, it gained 2.4%: BENCHMARKS.md section 8.)
-            unfilled = (1.0 - probs[covered - 1]) * filled if beyond and covered else 0.0
+        # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier drafts
+        # there: the tree is worth its nodes where the verdict commits the path and the verifier's draft where it
+        # does not, both. (Priced as one or the other, the hybrid waited in 8% of its rounds at 80 ms where
+        # retrieval waited in 1%, each wait a round trip of the verifier's time: BENCHMARKS.md section 8, "Trees
+        # ahead beyond a path priced with the verifier's draft".)
+        unfilled = (1.0 - probs[covered - 1]) * filled if beyond and covered else 0.0
         ahead = self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0, unfilled)[1]
         if self.fill:
             ahead = max(ahead, min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait)))
         if ahead <= AHEAD_MARGIN * waiting:
-            self.declined = promised
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
 
     def _waiting(self, fresh: DraftTree, cost: CostModel, remaining: int) -> tuple[float, float, int]:
         """(expected tokens per ms, tokens promised, nodes sent) of waiting for the verdict, then sending what
-        `choose` takes of `fresh`; what it promises scaled by what the trees sent after waiting lately
-        committed against such promises. (A draft beyond the path in flight promises what it does where the
-        verdict commits that path; where it does not, the hybrid's next tree is retrieval's alone: its trees
-        after waiting committed a small part of what waiting had promised, by timed replay at 80 ms, and it
-        had waited in 8% of its rounds where retrieval waited in 1%, BENCHMARKS.md section 8.)"""
+        `choose` takes of `fresh`."""
         wait = self.choose(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        scale = self._waited / self._waited_promise
-        return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
+        return min(remaining, 1.0 + promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int,
                     unfilled: float = 0.0) -> tuple[int, float]:
@@ -142,16 +129,10 @@ class TreeSizeController:
         """The most nodes a tree ahead may have once the verifier has added its own draft (0: none added)."""
         return (self.fixed or self.max_nodes) if self.fill else 0
 
-    def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False, waited: float | None = None
-                ) -> None:
+    def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
         """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A
         tree sent ahead waited on the verifier for the verdict before it: its wait tells nothing of the
-        network; where nothing of it was left, it tells what the verifier's draft committed. `waited`: this
-        tree was sent after `ahead` declined, pricing waiting by this promise (`declined`): what the tree
-        committed is what waiting was worth."""
-        if waited:  # (a decline where waiting promised nothing tells nothing of what its promises are worth)
-            self._waited = _mean(self._waited, len(result.accepted), FILL_ALPHA)
-            self._waited_promise = _mean(self._waited_promise, waited, FILL_ALPHA)
+        network; where nothing of it was left, it tells what the verifier's draft committed."""
         if not ahead:
             measured = result.rtt_ms + result.queue_ms
             self.overhead_ms += self.alpha * (measured - self.overhead_ms)

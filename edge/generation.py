@@ -81,7 +81,6 @@ def generate(
     learn = getattr(drafter, "learn", None)
     propose_after = getattr(drafter, "propose_after", None)  # it drafts beyond a path (see _send_ahead)
     in_flight: deque[_Sent] = deque()
-    waited: float | None = None  # what waiting promised, where the last chance to go ahead declined
     try:
         while len(out) < params.max_new_tokens:
             if not in_flight:
@@ -91,12 +90,11 @@ def generate(
                 if ahead:
                     session.send(tree)
                 sent_at = time.perf_counter()
-                in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at, waited=waited))
-                waited = None
+                in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at))
                 if ahead:
-                    waited = _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
+                    _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
             elif ahead and len(in_flight) == 1:
-                waited = _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
+                _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
             sent = in_flight.popleft()
             if ahead:
                 if learn is not None:
@@ -134,7 +132,7 @@ def generate(
             if drafter is not None:
                 drafter.observe(tree, step)
             if controller is not None:
-                controller.observe(tree, step, ahead=sent.ahead, waited=sent.waited)
+                controller.observe(tree, step, ahead=sent.ahead)
             new = step.tokens[: params.max_new_tokens - len(out)]
             hit = next((i for i, t in enumerate(new) if t in eos), None)
             if hit is not None:
@@ -167,7 +165,6 @@ class _Sent:
     draft_ms: float
     sent_at: float  # time.perf_counter() when it went out (or, to an in-process verifier, was ready)
     ahead: bool = False  # sent while another tree's verdict was in flight
-    waited: float | None = None  # sent after declining to go ahead: what waiting promised then
 
 
 def _received(call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
@@ -181,12 +178,11 @@ def _sized(draft: DraftTree, controller: TreeSizeController | None, session, rem
 
 
 def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
-                out: list[int], max_new_tokens: int, draft: DraftTree | None = None) -> float | None:
+                out: list[int], max_new_tokens: int, draft: DraftTree | None = None) -> None:
     """Send a tree ahead of the one verdict in flight, if that pays and the verdict cannot end the generation's
     token budget first. The tree: `draft` (rooted at the committed end), or else the drafter's draft now; a
     drafter that can draft beyond a path (`propose_after`, the model drafter) drafts beyond the likeliest path
-    of the tree in flight instead, so that what it adds lies beyond what that verdict may commit. Returns what
-    waiting promised where the controller declined (TreeSizeController.declined), else None."""
+    of the tree in flight instead, so that what it adds lies beyond what that verdict may commit."""
     t0 = time.perf_counter()
     (pending,) = in_flight
     left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
@@ -195,7 +191,7 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
     taken = max(left.depths()) + 1 if left else 1
     filled = controller.fill_tokens if pending.ahead and not left else 0
     if len(out) + taken + max(0, min(filled, max_new_tokens - len(out) - 2)) >= max_new_tokens:
-        return None
+        return
     # The budget this tree is priced with leaves out what the verifier may draft for the one in flight: that
     # draft is sized by what is left (counting the most it could take priced every tree after a bare one as
     # having a token left, and sent it bare too)
@@ -209,7 +205,7 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
         draft = drafter.propose() if draft is None else draft
         size = controller.ahead(draft, session.cost_model(), remaining, len(left))
     if size is None:
-        return controller.declined
+        return
     tree = draft.prefix(min(size, session.max_tree_tokens))
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
     sent_at = time.perf_counter()

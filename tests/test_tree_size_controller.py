@@ -155,30 +155,6 @@ def test_a_draft_beyond_the_likeliest_path_in_flight_goes_ahead_when_that_path_i
     assert far.ahead(beyond_path([0.6, 0.35, 0.2, 0.1], 0.9), LINEAR, 1000, covered=4, beyond=True) is None
 
 
-def test_waiting_is_worth_what_the_trees_sent_after_waiting_committed_against_its_promise():
-    """Where a tree ahead is declined, waiting was priced by what a draft after the verdict promises; the tree
-    then sent after the verdict tells what waiting was worth. A drafter whose trees after waiting commit
-    nothing of those promises (the hybrid's, where the verdict did not commit the path its model drafted
-    beyond) comes to go ahead, though not after one such tree; one whose trees commit what was promised keeps
-    waiting."""
-    draft = beyond_path([0.6, 0.35, 0.2, 0.1], 0.9)
-    for committed, goes_ahead in ((0, True), (None, False)):
-        far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
-        assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None  # priced as promised, it waits
-        # A decline where waiting promised nothing (an empty draft) tells nothing of what promises are worth.
-        far.observe(DraftTree.empty(), StepResult([1], [], compute_ms=50.0, rtt_ms=80.0), waited=0.0)
-        assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None
-        for trees in range(1, 11):
-            promised = far.declined
-            got = round(promised) if committed is None else committed
-            far.observe(chain(0.9, 16), StepResult([1] * (got + 1), list(range(got)), compute_ms=50.0, rtt_ms=80.0),
-                        waited=promised)
-            if far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is not None:
-                break
-        assert (far.declined is None) == goes_ahead
-        assert trees > 1  # no single tree settles what waiting is worth
-
-
 @pytest.mark.parametrize("drafted, goes_ahead", [(0, False), (2, True)])
 def test_a_draft_beyond_a_path_is_worth_its_nodes_where_the_path_is_committed_and_the_verifiers_where_not(
         drafted, goes_ahead):
