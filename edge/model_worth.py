@@ -8,10 +8,10 @@ text, Gemma 3 270M target, SmolLM2 drafting) the model alone drafted 3% of the c
 category (BENCHMARKS.md section 6, "The model speculates where it earns it").
 
 What the forwards cost the verifier is measured, not assumed: each verdict's pass time (compute_ms) beside
-the model's speculation against the latest pass of the same tree size, in the same generation (a pass's
-time grows with the context), with no forward beside it. The model must draft at least that share of the
-committed tokens alone (a pass slower by 6% pays where 6% more tokens come out of it), and GAIN_FLOOR at
-least (the edge's energy). Until the cost is measured it speculates as if it earned its share. While it
+the model's speculation against the latest pass of as many nodes verified (the verifier's own draft
+included, where it filled the tree), in the same generation (a pass's time grows with the context), with
+no forward beside it. The model must draft at least that share of the committed tokens alone (a pass
+slower by 6% pays where 6% more tokens come out of it), and GAIN_FLOOR at least (the edge's energy). Until the cost is measured it speculates as if it earned its share. While it
 does, it rests in one pass of REMEASURE, so that there are passes alone to compare with. On separate
 machines the cost is nothing; on the benchmarks' 2-core host it measured 4.5-7.5% (section 6, "What the
 model's forwards cost, pass by pass"). The share is a mean over about the last fifty rounds it speculated
@@ -43,7 +43,7 @@ from enum import Enum
 
 GAIN_FLOOR = 0.01  # the least share it must draft, where its forwards cost the verifier nothing (separate machines)
 COST_WEIGHT = 0.05  # the newest pass's weight in the cost's moving average (a host's property: slow to change)
-COSTED = 8  # passes beside its speculation, each against passes of its tree size without, before the cost counts
+COSTED = 8  # passes beside its speculation, each against passes of its size without, before the cost counts
 FRESH = 8  # passes: a pass alone older than this is not compared with (a pass's time grows with the context)
 PROBE = 4  # below it, it speculates in one pass (and takes part in one generation) of this many at first,
 PROBE_MOST = 32  # and in one of twice as many after each probe that leaves it below, up to this many
