@@ -13,9 +13,9 @@ included, where it filled the tree), in the same generation (a pass's time grows
 no forward beside it. The model must draft at least that share of the committed tokens alone (a pass
 slower by 6% pays where 6% more tokens come out of it), and GAIN_FLOOR at least (the edge's energy).
 Until the cost is measured it speculates as if it earned its share. While it does, it rests in one pass of
-REMEASURE, so that there are passes alone to compare with. On separate
-machines the cost is nothing; on the benchmarks' 2-core host it measured 4.5-7.5% (section 6, "What the
-model's forwards cost, pass by pass"). The share is a mean over about the last fifty rounds it speculated
+REMEASURE, so that there are passes alone to compare with. On separate machines the cost is nothing; on
+the benchmarks' 2-core host it measured 4.5-7.5% (section 6, "What the model's forwards cost, pass by
+pass"). The share is a mean over about the last fifty rounds it speculated
 for: its tokens come in bursts (on separate machines, by timed replay, it drafted 3.5-6% of the tokens
 alone, and the hybrid was 7.1% ahead of retrieval once its cost was measured and its share judged over
 fifty rounds, level before: section 6, "The model's cost was never measured").
