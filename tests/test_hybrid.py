@@ -280,10 +280,10 @@ def test_a_model_whose_own_nodes_are_never_accepted_speculates_in_one_pass_of_a_
     assert per_pass[WARM_UP + 1 :] == sum(([[]] * (n - 2) + [[0], [None]] for n in (PROBE, 2 * PROBE, 4 * PROBE)), [])
 
 
-def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside_it():
-    """Each verdict's pass time is put beside what the model did during it: passes 10% slower while it
-    speculates make 10% of the tokens the share it must draft alone (edge/model_worth.py). A generation's first
-    pass, which computes the prompt too, is not measured."""
+def timed_passes(pass_of) -> HybridDrafter:
+    """A hybrid through four generations of rounds whose verdicts accept retrieval's path, each pass taking and
+    verifying what `pass_of(generation, round, tree, speculated)` says: (ms, nodes verified or None). A
+    generation's first pass computes the prompt too: it takes 5 s."""
     retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
     hybrid = HybridDrafter(retrieval, model, max_nodes=64)
     for generation in range(4):
@@ -292,11 +292,19 @@ def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside
             tree = hybrid.propose()
             before = len(model.steps)
             hybrid.speculate(lambda: True)
-            speculated = model.steps[before:] == [None]
-            ms = 5000.0 if i == 0 else (100.0 + 10 * len(tree)) * (1.1 if speculated else 1.0)
+            ms, verified = pass_of(generation, i, tree, model.steps[before:] == [None])
             accepted = spelled(tree, (10, 11, 12))
             hybrid.observe(tree, StepResult(tokens=[10, 11, 12][: len(accepted)] + [99], accepted=accepted,
-                                            compute_ms=ms))
+                                            compute_ms=5000.0 if i == 0 else ms, verified_nodes=verified))
+    return hybrid
+
+
+def test_the_hybrid_measures_what_the_models_speculation_costs_the_passes_beside_it():
+    """Each verdict's pass time is put beside what the model did during it: passes 10% slower while it
+    speculates make 10% of the tokens the share it must draft alone (edge/model_worth.py). A generation's first
+    pass, which computes the prompt too, is not measured."""
+    hybrid = timed_passes(lambda generation, i, tree, speculated: ((100.0 + 10 * len(tree)) *
+                                                                   (1.1 if speculated else 1.0), None))
     assert hybrid.worth.costed > 0
     assert hybrid.worth.cost == pytest.approx(0.10, abs=0.02)
 
@@ -305,23 +313,15 @@ def test_passes_are_compared_by_the_nodes_the_verifier_verified_its_own_draft_in
     """A tree sent ahead may be filled with the verifier's own draft (cloud/verifier_drafter.py), so a pass's time
     follows the nodes it verified (`StepResult.verified_nodes`), not the client's tree. Here the model's forwards
     cost the passes nothing, and passes beside its speculation happen to be filled more: compared by the client's
-    trees, they would look 30% dearer and the model would sit out where it costs nothing (on separate machines,
-    by timed replay at 80 ms, a 4.5-6.6% cost was measured that way). Here the verifier fills every tree to 12
+    trees, they would look dearer and the model would sit out where it costs nothing (on separate machines, by
+    timed replay at 80 ms, a 4.5-6.6% cost was measured that way). Here the verifier fills every tree to 12
     nodes, except in every other generation those verified while the model rests."""
-    retrieval, model = Scripted(RETRIEVAL), Scripted(MODEL)
-    hybrid = HybridDrafter(retrieval, model, max_nodes=64)
-    for generation in range(4):
-        hybrid.begin([1])
-        for i in range(WARM_UP + 4 * PROBE):
-            tree = hybrid.propose()
-            before = len(model.steps)
-            hybrid.speculate(lambda: True)
-            speculated = model.steps[before:] == [None]
-            verified = 12 if speculated or generation % 2 == 0 else len(tree)
-            ms = 5000.0 if i == 0 else 100.0 + 10 * verified
-            accepted = spelled(tree, (10, 11, 12))
-            hybrid.observe(tree, StepResult(tokens=[10, 11, 12][: len(accepted)] + [99], accepted=accepted,
-                                            compute_ms=ms, verified_nodes=verified))
+
+    def filled(generation: int, i: int, tree: DraftTree, speculated: bool) -> tuple[float, int]:
+        verified = 12 if speculated or generation % 2 == 0 else len(tree)
+        return 100.0 + 10 * verified, verified
+
+    hybrid = timed_passes(filled)
     assert hybrid.worth.costed > 0
     assert hybrid.worth.cost == pytest.approx(0.0, abs=1e-9)
 
