@@ -21,7 +21,7 @@ class StepResult:
     next_max_tree_tokens: int | None = None  # the largest tree the verifier will take untrimmed next round
     hints: Hints | None = None  # the target's top tokens at the root and every node sent, when asked for
     verifier_drafted: int = 0  # of `tokens`, those the verifier drafted itself (a tree ahead's fill_tokens)
-    verified_nodes: int | None = None  # the draft nodes `compute_ms` verified, where not the tree as sent (cut by
+    verified_nodes: int | None = None  # the draft nodes `compute_ms` verified (None: the tree as sent; cut by
     # the verifier's plan, or filled with its own draft)
 
 

@@ -84,19 +84,18 @@ class TreeSizeController:
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
         waiting, promised, wait = self._waiting(own, cost, remaining)
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
-        filled = 0.0  # what the verifier's own draft commits for a tree ahead with nothing left
+        filled = bare = 0.0  # what the verifier's own draft commits for a tree ahead with nothing left; its rate
         if self.fill:
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
             filled = promised * (1.0 if self._filled is None else self._filled / max(self._promised, 1e-9))
+            bare = min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait))
         # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier drafts
         # there: the tree is worth its nodes where the verdict commits the path and the verifier's draft where it
         # does not, both. (Priced as one or the other, the hybrid waited in 8% of its rounds at 80 ms where
         # retrieval waited in 1%, each wait a round trip of the verifier's time: BENCHMARKS.md section 8, "Trees
         # ahead beyond a path priced with the verifier's draft".)
         unfilled = (1.0 - probs[covered - 1]) * filled if beyond and covered else 0.0
-        ahead = self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0, unfilled)[1]
-        if self.fill:
-            ahead = max(ahead, min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait)))
+        ahead = max(self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0, unfilled)[1], bare)
         if ahead <= AHEAD_MARGIN * waiting:
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
