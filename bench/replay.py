@@ -27,7 +27,8 @@ in BENCHMARKS.md before its thirty-sixth session did).
         --drafters retrieval,model:smollm2-135m,hybrid --timed --base-ms 89 --rtt-ms 80
 
 With --out each generation is also written as a runs.jsonl row, so that bench/category_intervals.py gives
-per-category intervals over the prompts (`--baseline ar`: plain decoding's modelled time).
+per-category intervals over the prompts (`--baseline ar`: plain decoding's modelled time); with --timed the
+rows carry each round's times too, from which bench/verifier_idle.py tells where the verifier waited.
 """
 
 from __future__ import annotations
@@ -335,9 +336,13 @@ def main() -> None:
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
                 totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:],
                                 r.ahead)
-            rows.append(generation_row(name, p, r.token_ids, decode_ms) | {
+            row = generation_row(name, p, r.token_ids, decode_ms) | {
                 "rounds": r.rounds, "ahead": r.ahead, "verifier_drafted": r.verifier_drafted,
-                "tree_sizes": r.tree_sizes, "accepted": r.accepted})
+                "tree_sizes": r.tree_sizes, "accepted": r.accepted}
+            if args.timed:  # each round's times, as `specedge bench` writes them (bench/verifier_idle.py reads them)
+                row |= {"rtt_ms": args.rtt_ms, "draft_ms": r.draft_ms, "compute_ms": r.compute_ms,
+                        "sent_ms": r.sent_ms, "verdict_ms": r.verdict_ms}
+            rows.append(row)
         retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
         by_source[name] = getattr(retrieval, "verdicts_by_source", {})
     # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only); ahead:

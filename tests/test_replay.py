@@ -122,6 +122,28 @@ def test_timed_replay_over_a_round_trip_sends_trees_ahead_unless_serial(tmp_path
     assert ahead == 0.0 and speedup < accepted * 10 / 70
 
 
+def test_timed_rows_carry_each_rounds_times_from_which_the_verifiers_idle_time_is_told(tmp_path):
+    from specedge.bench.verifier_idle import idle_by_method
+
+    def idle(*extra: str) -> dict[str, float]:
+        out = tmp_path / "replayed.jsonl"
+        replay(tmp_path, "--drafters", "retrieval", "--timed", "--base-ms", "10", "--rtt-ms", "60", "--out", str(out),
+               *extra)
+        rows = [json.loads(line) for line in out.read_text().splitlines() if '"retrieval"' in line]
+        assert all(len(r[k]) == r["rounds"] for r in rows for k in ("sent_ms", "verdict_ms", "compute_ms"))
+        m = idle_by_method(rows)["retrieval"]
+        # A tree that went out before the verdict before it came back is one the generation sent ahead.
+        assert m["generations"] == 4 and m["ahead"] == sum(r["ahead"] for r in rows)
+        return m
+
+    serial = idle("--serial")
+    # Every round after the first waits for the verdict before it: the verifier idles a round trip each time.
+    assert serial["ahead"] == 0 and serial["serial"] > 0 and serial["serial_idle_s"] >= 0.060 * serial["serial"]
+    pipelined = idle()
+    # Trees sent ahead keep the verifier busy through part of each round trip.
+    assert pipelined["ahead"] > pipelined["serial"] and pipelined["idle_s"] < serial["idle_s"]
+
+
 def test_an_aa_copy_replays_beside_its_original_with_the_same_outputs(tmp_path):
     """`NAME~` (bench/perturbed.py): the drafter with one unrelated earlier output in its history. The
     replay asserts every generation's output equals the recorded one, for the copy too."""
