@@ -307,7 +307,9 @@ def main() -> None:
 
         engine = Engine.from_hf_model(load_model(args.model)[0], kv_pool_bytes=256 << 20)
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
-    rows = [generation_row("ar", p, refs[p.id], (len(refs[p.id]) - 1) * args.base_ms) for p in prompts]
+    # Timed rows carry the round trip, plain decoding's too (bench/category_intervals.py pairs rows by it).
+    network = {"rtt_ms": args.rtt_ms} if args.timed else {}
+    rows = [generation_row("ar", p, refs[p.id], (len(refs[p.id]) - 1) * args.base_ms) | network for p in prompts]
     by_source: dict[str, dict] = {}
     for name in args.drafters.split(","):
         if name == "suffix":
@@ -340,8 +342,8 @@ def main() -> None:
                 "rounds": r.rounds, "ahead": r.ahead, "verifier_drafted": r.verifier_drafted,
                 "tree_sizes": r.tree_sizes, "accepted": r.accepted}
             if args.timed:  # each round's times, as `specedge bench` writes them (bench/verifier_idle.py reads them)
-                row |= {"rtt_ms": args.rtt_ms, "draft_ms": r.draft_ms, "compute_ms": r.compute_ms,
-                        "sent_ms": r.sent_ms, "verdict_ms": r.verdict_ms}
+                row |= network | {"draft_ms": r.draft_ms, "compute_ms": r.compute_ms, "sent_ms": r.sent_ms,
+                                  "verdict_ms": r.verdict_ms}
             rows.append(row)
         retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
         by_source[name] = getattr(retrieval, "verdicts_by_source", {})

@@ -123,13 +123,19 @@ def test_timed_replay_over_a_round_trip_sends_trees_ahead_unless_serial(tmp_path
 
 
 def test_timed_rows_carry_each_rounds_times_from_which_the_verifiers_idle_time_is_told(tmp_path):
+    from specedge.bench.category_intervals import category_intervals
     from specedge.bench.verifier_idle import idle_by_method
 
     def idle(*extra: str) -> dict[str, float]:
         out = tmp_path / "replayed.jsonl"
-        replay(tmp_path, "--drafters", "retrieval", "--timed", "--base-ms", "10", "--rtt-ms", "60", "--out", str(out),
-               *extra)
-        rows = [json.loads(line) for line in out.read_text().splitlines() if '"retrieval"' in line]
+        table = replay(tmp_path, "--drafters", "retrieval,suffix", "--timed", "--base-ms", "10", "--rtt-ms", "60",
+                       "--out", str(out), *extra)
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        # Every row carries the round trip, plain decoding's too, so that category_intervals pairs them.
+        assert {r["rtt_ms"] for r in rows} == {60.0}
+        (everything,) = [c for c in category_intervals(rows, "retrieval", ["suffix"], "ar") if c["category"] == "all"]
+        assert everything["speed"]["retrieval"] == pytest.approx(table["retrieval", "all"][2], abs=0.01)
+        rows = [r for r in rows if r["method"] == "retrieval"]
         assert all(len(r[k]) == r["rounds"] for r in rows for k in ("sent_ms", "verdict_ms", "compute_ms"))
         m = idle_by_method(rows)["retrieval"]
         # A tree that went out before the verdict before it came back is one the generation sent ahead.
