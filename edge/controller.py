@@ -39,12 +39,24 @@ class TreeSizeController:
         # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
         self._filled: float | None = None
         self._promised: float | None = None
+        # Recent means of what the trees sent after a wait committed and of what waiting was priced at then:
+        # their ratio scales the price of waiting. That price is a draft made before the verdict awaited, which
+        # the draft after it may not match: a model drafter's nodes, computed beyond where that verdict was
+        # thought to end, are mostly gone once the verifier's own draft has moved the end on.
+        self._waits_committed: float | None = None
+        self._waits_priced: float | None = None
+        self._wait_priced: float | None = None  # the wait decided last's price, until its tree is chosen
+        self._awaited: float | None = None  # the price of the wait before the tree chosen last, until its verdict
         self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
 
     def choose(self, draft: DraftTree, cost: CostModel, remaining: int) -> int:
         """Number of leading draft nodes to send (0 = just let the verifier decode one token)."""
+        self._awaited, self._wait_priced = self._wait_priced, None
+        return self._size(draft, cost, remaining)
+
+    def _size(self, draft: DraftTree, cost: CostModel, remaining: int) -> int:
         cap = self.max_nodes if self.server_cap is None else min(self.max_nodes, self.server_cap)
         if self.fixed is not None:
             return min(self.fixed, len(draft), cap)
@@ -62,7 +74,8 @@ class TreeSizeController:
         stand for what the verdict in flight may commit; the nodes below them are what the tree ahead adds.
 
         Both ways are priced in expected committed tokens per millisecond. Waiting: the tree `choose`
-        sends, a round trip and its pass later. Ahead: one token (the pass's own) plus the nodes below the
+        sends, a round trip and its pass later, its promise scaled by what the trees sent after waits have
+        lately committed against it. Ahead: one token (the pass's own) plus the nodes below the
         covered ones that the verdict in flight cannot commit itself (a child of a covered node would be
         its bonus token), every pass or every half round trip and pass, whichever is longer (two trees in
         flight). Whether to go ahead at all is priced as in a pipeline under way, where a tree covers only
@@ -80,7 +93,7 @@ class TreeSizeController:
         # below that path (a draft after the verdict starts from about there)
         own = draft.after(draft.tokens[:covered]) if beyond and covered else draft
         if draft.accept_probs is None:  # nothing to price it by: ahead when the trip outlasts the pass
-            wait = self.choose(own, cost, remaining)
+            wait = self._size(own, cost, remaining)
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
         waiting, promised, wait = self._waiting(own, cost, remaining)
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
@@ -97,15 +110,18 @@ class TreeSizeController:
         unfilled = (1.0 - probs[covered - 1]) * filled if beyond and covered else 0.0
         ahead = max(self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0, unfilled)[1], bare)
         if ahead <= AHEAD_MARGIN * waiting:
+            self._wait_priced = promised
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
 
     def _waiting(self, fresh: DraftTree, cost: CostModel, remaining: int) -> tuple[float, float, int]:
         """(expected tokens per ms, tokens promised, nodes sent) of waiting for the verdict, then sending what
-        `choose` takes of `fresh`."""
-        wait = self.choose(fresh, cost, remaining)
+        `choose` takes of `fresh`; the promise, as the rate counts it, scaled by what waits lately committed
+        against it."""
+        wait = self._size(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        return min(remaining, 1.0 + promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
+        scale = 1.0 if self._waits_committed is None else self._waits_committed / max(self._waits_priced, 1e-9)
+        return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int,
                     unfilled: float = 0.0) -> tuple[int, float]:
@@ -131,10 +147,15 @@ class TreeSizeController:
     def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
         """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A
         tree sent ahead waited on the verifier for the verdict before it: its wait tells nothing of the
-        network; where nothing of it was left, it tells what the verifier's draft committed."""
+        network; where nothing of it was left, it tells what the verifier's draft committed. A tree sent after a
+        wait tells what the wait was worth against its price."""
         if not ahead:
             measured = result.rtt_ms + result.queue_ms
             self.overhead_ms += self.alpha * (measured - self.overhead_ms)
+            if self._awaited is not None:
+                self._waits_committed = _mean(self._waits_committed, len(result.accepted), FILL_ALPHA)
+                self._waits_priced = _mean(self._waits_priced, self._awaited, FILL_ALPHA)
+                self._awaited = None
         elif self.fill and not len(tree):  # nothing of it was left: the verifier drafted
             self._filled = _mean(self._filled, result.verifier_drafted, FILL_ALPHA)
         if result.next_max_tree_tokens is not None:

@@ -181,3 +181,20 @@ def test_a_tree_sent_ahead_tells_nothing_of_the_round_trip():
     assert controller.overhead_ms == 80  # it waited on the verifier for the verdict before it
     controller.observe(chain(0.9), StepResult([1], [], compute_ms=30.0, rtt_ms=0.0))
     assert controller.overhead_ms < 80
+
+
+@pytest.mark.parametrize("committed, waits", [("nothing", False), ("as-priced", True)])
+def test_the_price_of_waiting_follows_what_the_trees_sent_after_waits_committed(committed, waits):
+    """Waiting is priced by a draft made before the verdict awaited, and the draft after that verdict may
+    promise less (a model drafter's nodes, computed beyond where the verdict was thought to end, are gone
+    once the verifier's own draft has moved the end on). Where the trees sent after waits commit nothing,
+    the edge stops waiting; where they commit what waiting was priced at, it goes on waiting."""
+    draft = beyond_path([0.6, 0.35, 0.2, 0.1], 0.9)
+    fresh = draft.after(draft.tokens[:4])  # what waiting is priced by, and here what is drafted after a wait
+    far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
+    for _ in range(40):
+        if far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None:
+            sent = fresh.prefix(far.choose(fresh, LINEAR, 1000))
+            accepted = list(range(round(sum(sent.accept_probs)))) if committed == "as-priced" else []
+            far.observe(sent, StepResult([1] * (len(accepted) + 1), accepted, compute_ms=30.0, rtt_ms=80.0))
+    assert (far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None) == waits
