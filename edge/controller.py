@@ -39,10 +39,11 @@ class TreeSizeController:
         # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
         self._filled: float | None = None
         self._promised: float | None = None
-        # Recent means of what the trees sent after a wait committed and of what waiting was priced at then:
-        # their ratio scales the price of waiting. That price is a draft made before the verdict awaited, which
-        # the draft after it may not match: a model drafter's nodes, computed beyond where that verdict was
-        # thought to end, are mostly gone once the verifier's own draft has moved the end on.
+        # Recent means of what the trees sent after a wait committed and of what waiting was priced at then,
+        # for drafts made beyond a path: their ratio scales the price of waiting. That price is a draft made
+        # before the verdict awaited, which the draft after it may not match: a model drafter's nodes, computed
+        # beyond where that verdict was thought to end, are mostly gone once the verifier's own draft has moved
+        # the end on. (A fresh draft, retrieval's, is priced as before: scaled, it went ahead at 0 ms.)
         self._waits_committed: float | None = None
         self._waits_priced: float | None = None
         self._wait_priced: float | None = None  # the wait decided last's price, until its tree is chosen
@@ -73,20 +74,20 @@ class TreeSizeController:
         the round trip but is drafted a verdict earlier, so it is worth less. The first `covered` nodes
         stand for what the verdict in flight may commit; the nodes below them are what the tree ahead adds.
 
-        Both ways are priced in expected committed tokens per millisecond. Waiting: the tree `choose`
-        sends, a round trip and its pass later, its promise scaled by what the trees sent after waits have
-        lately committed against it. Ahead: one token (the pass's own) plus the nodes below the
-        covered ones that the verdict in flight cannot commit itself (a child of a covered node would be
-        its bonus token), every pass or every half round trip and pass, whichever is longer (two trees in
-        flight). Whether to go ahead at all is priced as in a pipeline under way, where a tree covers only
-        what is left of the one before it after a verdict, which is little (as if nothing were covered),
-        and must beat waiting by AHEAD_MARGIN; how many nodes go, by what this tree does cover. (`beyond`: the
-        draft was made beyond the covered nodes, the likeliest path of the tree in flight, as a model drafter
-        makes it (edge/generation.py): then what it covers is known, and the choice is priced by it.) Where the
-        verifier drafts for a tree with nothing left (`fill`), such a tree is worth its pass's token plus what
-        that draft commits: what this one promises (the verifier drafts from the same text, by the same
-        rule, knowing one token more), scaled by what the verifier's drafts have lately committed against
-        such promises (under load it sizes them down; in a new session its estimates start from priors)."""
+        Both ways are priced in expected committed tokens per millisecond. Waiting: the tree `choose` sends, a round
+        trip and its pass later (for a draft beyond a path, its promise scaled by what the trees sent after such
+        waits have lately committed against it). Ahead: one token (the pass's own) plus the nodes below the covered
+        ones that the verdict in flight cannot commit itself (a child of a covered node would be its bonus token),
+        every pass or every half round trip and pass, whichever is longer (two trees in flight). Whether to go ahead
+        at all is priced as in a pipeline under way, where a tree covers only what is left of the one before it
+        after a verdict, which is little (as if nothing were covered), and must beat waiting by AHEAD_MARGIN; how
+        many nodes go, by what this tree does cover. (`beyond`: the draft was made beyond the covered nodes, the
+        likeliest path of the tree in flight, as a model drafter makes it (edge/generation.py): then what it covers
+        is known, and the choice is priced by it.) Where the verifier drafts for a tree with nothing left (`fill`),
+        such a tree is worth its pass's token plus what that draft commits: what this one promises (the verifier
+        drafts from the same text, by the same rule, knowing one token more), scaled by what the verifier's drafts
+        have lately committed against such promises (under load it sizes them down; in a new session its estimates
+        start from priors)."""
         if not self.overlap:
             return None
         # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
@@ -110,7 +111,7 @@ class TreeSizeController:
         unfilled = (1.0 - probs[covered - 1]) * filled if beyond and covered else 0.0
         ahead = max(self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0, unfilled)[1], bare)
         if ahead <= AHEAD_MARGIN * waiting:
-            self._wait_priced = promised
+            self._wait_priced = promised if beyond else None
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
 

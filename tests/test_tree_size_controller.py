@@ -198,3 +198,13 @@ def test_the_price_of_waiting_follows_what_the_trees_sent_after_waits_committed(
             accepted = list(range(round(sum(sent.accept_probs)))) if committed == "as-priced" else []
             far.observe(sent, StepResult([1] * (len(accepted) + 1), accepted, compute_ms=30.0, rtt_ms=80.0))
     assert (far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None) == waits
+
+
+def test_a_fresh_drafts_waits_are_priced_by_its_draft_whatever_they_committed():
+    """The scale is for drafts beyond a path, whose nodes may be gone after the wait. A fresh draft from the
+    committed text (retrieval's) keeps waiting at 0 ms, where a tree drafted a verdict early never pays."""
+    controller = TreeSizeController(max_nodes=16, overhead_ms=0)
+    for _ in range(40):
+        assert controller.ahead(chain(0.8), LINEAR, 1000, covered=6) is None
+        sent = chain(0.8).prefix(controller.choose(chain(0.8), LINEAR, 1000))
+        controller.observe(sent, StepResult([1], [], compute_ms=30.0, rtt_ms=0.0))
