@@ -23,6 +23,11 @@ def _mean(mean: float | None, value: float, alpha: float) -> float:
     return float(value) if mean is None else mean + alpha * (value - mean)
 
 
+def _ratio(committed: float | None, priced: float | None) -> float:
+    """What was committed against what it was priced at, by their recent means (1 before any)."""
+    return 1.0 if committed is None else committed / max(priced, 1e-9)
+
+
 class TreeSizeController:
     def __init__(self, max_nodes: int = MAX_TREE_NODES, overhead_ms: float = 0.0, alpha: float = 0.3,
                  fixed: int | None = None, overlap: bool = True, fill: bool = True) -> None:
@@ -101,7 +106,7 @@ class TreeSizeController:
         filled = bare = 0.0  # what the verifier's own draft commits for a tree ahead with nothing left; its rate
         if self.fill:
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
-            filled = promised * (1.0 if self._filled is None else self._filled / max(self._promised, 1e-9))
+            filled = promised * _ratio(self._filled, self._promised)
             bare = min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait))
         # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier drafts
         # there: the tree is worth its nodes where the verdict commits the path and the verifier's draft where it
@@ -121,7 +126,7 @@ class TreeSizeController:
         against it."""
         wait = self._size(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        scale = 1.0 if self._waits_committed is None else self._waits_committed / max(self._waits_priced, 1e-9)
+        scale = _ratio(self._waits_committed, self._waits_priced)
         return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int,
