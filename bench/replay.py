@@ -323,7 +323,7 @@ def main() -> None:
                 drafter = perturb(drafter, tokenizer)
             controller = TreeSizeController(args.max_tree)
         warm = None if args.cold_verifier else WarmDrafters(ServerConfig.warm_drafter_clients)  # this client's
-        for p in prompts:  # one drafter through all prompts in order, as in the benchmark's repetition
+        for n, p in enumerate(prompts, 1):  # one drafter through all prompts in order, as in the benchmark's repetition
             ids = prompt_ids[p.id]
             wants = hints_wanted(drafter) > 0
             session_args = (ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
@@ -345,6 +345,9 @@ def main() -> None:
                 row |= network | {"draft_ms": r.draft_ms, "compute_ms": r.compute_ms, "sent_ms": r.sent_ms,
                                   "verdict_ms": r.verdict_ms}
             rows.append(row)
+            if args.timed:  # (minutes per drafter: say how far it is)
+                print(f"[{n}/{len(prompts)}] {name} {p.category}/{p.id}: {r.rounds} rounds, {r.wall_s:.1f} s",
+                      file=sys.stderr)
         retrieval = drafter.sources[0] if hasattr(drafter, "sources") else drafter
         by_source[name] = getattr(retrieval, "verdicts_by_source", {})
     # Draft ms: the median round's drafting time, and the mean (a model drafting in some rounds only); ahead:

@@ -2,8 +2,8 @@
 # Every benchmark behind BENCHMARKS.md sections 2, 3, 6, 7, 8 and 9 (its CPU side), one after another (run nothing else
 # meanwhile: the machine has 2 cores). About 4 hours on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
-#                                               model-drafting model-mix hints-cost hints-main hints-other
-#                                               hints-replay edge-network gpu-refs gpu-projection
+#                                               model-drafting model-mix model-replay hints-cost hints-main
+#                                               hints-other hints-replay edge-network gpu-refs gpu-projection
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -11,7 +11,7 @@ OUT=bench-out
 mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix \
+[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix model-replay \
   hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection)
 
 for step in "${steps[@]}"; do
@@ -41,6 +41,23 @@ for step in "${steps[@]}"; do
       $BIN/specedge bench --model gemma3-270m --workload specbench:all --per-category 1 --concurrency 4 \
         --drafters mix:retrieval+model:smollm2-135m+model:gemma3-270m+hybrid --baselines server-ar \
         --max-new-tokens 96 --reps 2 --out $OUT/model-mix ;;
+    model-replay)  # sections 6 and 8: hybrid against retrieval on separate machines, by timed replay of the
+      # committed greedy outputs (docs/benchmarks/model-drafting/README.md): a half of the prompts per core,
+      # at 80 ms and 0 ms round trips, per-category intervals. About 35 minutes.
+      R=docs/benchmarks/model-drafting
+      for rtt in ${MODEL_REPLAY_RTTS:-80 0}; do
+        pids=()
+        for half in a b; do
+          core=$([ $half = a ] && echo 0 || echo 1)
+          taskset -c $core $BIN/python bench/replay.py $R/refs-gemma3-270m-$half.jsonl --model gemma3-270m \
+            --drafters ${MODEL_REPLAY_DRAFTERS:-retrieval,hybrid} --timed --base-ms 89 --rtt-ms $rtt \
+            --out $OUT/model-replay-$rtt-$half.jsonl > $OUT/model-replay-$rtt-$half.log 2>&1 &
+          pids+=($!)
+        done
+        for pid in "${pids[@]}"; do wait "$pid"; done  # (a failed half stops the step)
+        $BIN/python -m specedge.bench.category_intervals $OUT/model-replay-$rtt-{a,b}.jsonl --method hybrid \
+          --against retrieval --baseline ar | tee $OUT/model-replay-$rtt.txt
+      done ;;
     hints-cost)  # section 7: what hints add to a verifier pass and a verdict, one thread as a pinned verifier
       $BIN/python bench/hints_cost.py --threads 1 --out $OUT/hints-cost ;;
     hints-main)  # section 7: retrieval with and without the verifier's hints, against the peers
