@@ -57,6 +57,11 @@ class TreeSizeController:
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
 
+    def begin(self) -> None:
+        """A generation starts: a wait decided in the last one, where its last verdict came before a tree
+        followed, prices nothing here. (What was learned stays: the means, the round's overhead, the cap.)"""
+        self._wait_priced = self._awaited = None
+
     def choose(self, draft: DraftTree, cost: CostModel, remaining: int) -> int:
         """Number of leading draft nodes to send (0 = just let the verifier decode one token)."""
         self._awaited, self._wait_priced = self._wait_priced, None

@@ -71,6 +71,8 @@ def generate(
     result = GenerationResult([], 0, 0.0, "max_new_tokens")
     if drafter is not None:
         drafter.begin(session.prompt_ids, params)
+    if controller is not None:
+        controller.begin()
     # A drafter that can use the verifier's time gets it: the step runs in a thread meanwhile.
     speculate = getattr(drafter, "speculate", None)
     waiting = ThreadPoolExecutor(1, thread_name_prefix="verdict") if speculate is not None else None

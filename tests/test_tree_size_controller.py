@@ -200,6 +200,19 @@ def test_the_price_of_waiting_follows_what_the_trees_sent_after_waits_committed(
     assert (far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None) == waits
 
 
+def test_a_wait_decided_as_a_generation_ends_prices_nothing_in_the_next():
+    """Where a generation's last verdict comes after a wait was decided, no tree follows that wait. The next
+    generation's first tree (the prompt's pass, which commits no draft) is not what that wait was worth."""
+    draft = beyond_path([0.6, 0.35, 0.2, 0.1], 0.9)
+    fresh = draft.after(draft.tokens[:4])
+    far = TreeSizeController(max_nodes=16, overhead_ms=80, fill=False)
+    for _ in range(40):
+        far.begin()
+        first = fresh.prefix(far.choose(fresh, LINEAR, 1000))
+        far.observe(first, StepResult([1], [], compute_ms=30.0, rtt_ms=80.0))
+        assert far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None  # and the generation ends
+
+
 def test_a_fresh_drafts_waits_are_priced_by_its_draft_whatever_they_committed():
     """The scale is for drafts beyond a path, whose nodes may be gone after the wait. A fresh draft from the
     committed text (retrieval's) keeps waiting at 0 ms, where a tree drafted a verdict early never pays."""
