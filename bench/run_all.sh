@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every benchmark behind BENCHMARKS.md sections 2, 3, 6, 7, 8 and 9 (its CPU side), one after another (run nothing else
-# meanwhile: the machine has 2 cores). About 4 hours on a 2-core CPU. Outputs go to bench-out/.
+# meanwhile: the machine has 2 cores). About 4.5 hours on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
 #                                               model-drafting model-mix model-replay hints-cost hints-main
 #                                               hints-other hints-replay edge-network gpu-refs gpu-projection
