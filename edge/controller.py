@@ -16,6 +16,10 @@ from specedge.common.tree_sizing import MAX_TREE_NODES, best_tree_size
 # before it (which may find far more once that verdict's tokens are known) waits a pass longer.
 AHEAD_MARGIN = 1.1
 FILL_ALPHA = 0.1  # weight of the latest value in the recent means of the verifier's drafts and the promises
+# Below this recent mean of tokens priced, a ratio to it says nothing yet: waits priced at nothing (a draft with
+# nothing below its path) that then committed nothing scaled every later wait to nothing, and at 0 ms the
+# hybrid's trees went ahead.
+MIN_PRICED = 0.05
 
 
 def _mean(mean: float | None, value: float, alpha: float) -> float:
@@ -24,8 +28,8 @@ def _mean(mean: float | None, value: float, alpha: float) -> float:
 
 
 def _ratio(committed: float | None, priced: float | None) -> float:
-    """What was committed against what it was priced at, by their recent means (1 before any)."""
-    return 1.0 if committed is None else committed / max(priced, 1e-9)
+    """What was committed against what it was priced at, by their recent means (1 until enough was priced)."""
+    return 1.0 if committed is None or priced < MIN_PRICED else committed / priced
 
 
 class TreeSizeController:

@@ -221,3 +221,18 @@ def test_a_fresh_drafts_waits_are_priced_by_its_draft_whatever_they_committed():
         assert controller.ahead(chain(0.8), LINEAR, 1000, covered=6) is None
         sent = chain(0.8).prefix(controller.choose(chain(0.8), LINEAR, 1000))
         controller.observe(sent, StepResult([1], [], compute_ms=30.0, rtt_ms=0.0))
+
+
+def test_waits_priced_at_nothing_teach_nothing_about_the_price_of_waiting():
+    """A draft with nothing below the path in flight prices waiting at nothing; where the tree after such a
+    wait commits nothing too, that says nothing of what waiting is worth. At 0 ms the edge goes on waiting
+    for a confident draft afterwards, as a new controller does (scaled to nothing, it went ahead)."""
+    bare_path = beyond_path([0.9, 0.8, 0.7, 0.6], 0.9, n=0)
+    confident = beyond_path([0.98, 0.96, 0.94, 0.92], 0.95)
+    near = TreeSizeController(max_nodes=16, overhead_ms=0, fill=False)
+    assert near.ahead(confident, LINEAR, 1000, covered=4, beyond=True) is None
+    for _ in range(20):
+        assert near.ahead(bare_path, LINEAR, 1000, covered=4, beyond=True) is None
+        near.choose(DraftTree.empty(), LINEAR, 1000)
+        near.observe(DraftTree.empty(), StepResult([1], [], compute_ms=20.0, rtt_ms=0.0))
+    assert near.ahead(confident, LINEAR, 1000, covered=4, beyond=True) is None
