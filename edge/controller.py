@@ -16,11 +16,9 @@ from specedge.common.tree_sizing import MAX_TREE_NODES, best_tree_size
 # before it (which may find far more once that verdict's tokens are known) waits a pass longer.
 AHEAD_MARGIN = 1.1
 FILL_ALPHA = 0.1  # weight of the latest value in the recent means of the verifier's drafts and the promises
-# Means of tokens below this are too little to divide by: a ratio takes this instead, and is 1 where what was
-# committed is below it too (nothing learned). Divided by nothing, waits priced at nothing (a draft with nothing
-# below its path) that then committed nothing scaled every later wait to nothing, and at 0 ms the hybrid's trees
-# went ahead. (Taken as 1 wherever the price is below it, the waits' worth lost its scale where they commit more
-# than a draft ahead prices them at: at 0 ms trees went ahead in 60-150 rounds a run, about 1% slower.)
+# Means of tokens below this are too little to divide by: a ratio divides by this instead, and is 1 where what
+# was committed is below it too (nothing learned). Divided by 1e-9, waits priced at nothing (a draft with nothing
+# below its path) that committed nothing scaled every later wait to nothing, and at 0 ms trees went ahead.
 MIN_PRICED = 0.05
 
 
