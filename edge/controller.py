@@ -28,7 +28,8 @@ def _mean(mean: float | None, value: float, alpha: float) -> float:
 
 
 def _ratio(committed: float | None, priced: float | None) -> float:
-    """What was committed against what it was priced at, by their recent means (1 before any)."""
+    """What was committed against what it was priced at, by their recent means (1 before any, and while both
+    are below MIN_PRICED)."""
     if committed is None or max(committed, priced) < MIN_PRICED:
         return 1.0
     return committed / max(priced, MIN_PRICED)
