@@ -6,12 +6,31 @@ import json
 
 import pytest
 
+from specedge.bench import specbench
 from specedge.cli import main
 
 pytestmark = pytest.mark.real_model
 
 ROWS_FIELDS = {"method", "category", "n_prompts", "tokens_per_s", "speedup", "mean_accepted", "draft_ms", "rtt_ms",
                "concurrency", "tree_size"}
+
+
+@pytest.fixture
+def shared_doc_prompts(tmp_path):
+    """A prompts file for `--prompts`: n prompts that begin with one document and ask different things about
+    it, as `--workload shared-doc:N` does, with a fifth of its document (its prefills are most of a run's time)."""
+    article = specbench.load(categories=["summarization"])[0].text.removeprefix("Summarize: ")[:1200]
+    asks = ["Summarize the document in one sentence.", "Who are the people in the document?",
+            "Give the document a title."]
+
+    def write(n: int) -> str:
+        path = tmp_path / f"shared-doc-{n}.jsonl"
+        path.write_text("\n".join(json.dumps({"id": f"shared-{i}", "category": "shared-doc", "prompt":
+                                              f"Document:\n{article}\n\nTask {i + 1}: {asks[i % len(asks)]}"})
+                                  for i in range(n)))
+        return str(path)
+
+    return write
 
 
 @pytest.fixture
@@ -100,9 +119,9 @@ def test_a_greedy_mismatch_stops_the_benchmark():
         harness.check_greedy_match(engine, "broken", Prompt("p", "c", ""), prompt, want, wrong)
 
 
-def test_bench_grpc_mode_measures_concurrency_against_server_side_decoding(tmp_path):
+def test_bench_grpc_mode_measures_concurrency_against_server_side_decoding(tmp_path, shared_doc_prompts):
     out = tmp_path / "serving"
-    assert main(["bench", "--workload", "shared-doc:3", "--concurrency", "1,3", "--max-new-tokens", "8",
+    assert main(["bench", "--prompts", shared_doc_prompts(3), "--concurrency", "1,3", "--max-new-tokens", "8",
                  "--reps", "1", "--chat", "--baselines", "server-ar", "--out", str(out)]) == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {(r["method"], r["concurrency"]) for r in rows} == {(m, c) for m in ("server-ar", "retrieval")
@@ -129,9 +148,10 @@ def test_bench_reaches_the_verifier_through_the_network_proxy_when_asked(tmp_pat
     assert {r["method"] for r in results["rows"]} == {"server-ar", "retrieval"}
 
 
-def test_bench_compares_adaptive_and_fixed_trees_and_remote_decoding_across_a_jittery_link(tmp_path):
+def test_bench_compares_adaptive_and_fixed_trees_and_remote_decoding_across_a_jittery_link(tmp_path,
+                                                                                        shared_doc_prompts):
     out = tmp_path / "network"
-    assert main(["bench", "--workload", "shared-doc:2", "--max-new-tokens", "12", "--reps", "1", "--chat",
+    assert main(["bench", "--prompts", shared_doc_prompts(2), "--max-new-tokens", "12", "--reps", "1", "--chat",
                  "--baselines", "server-ar,remote-ar", "--tree-size", "adaptive,4", "--rtt-ms", "30",
                  "--jitter-ms", "5", "--out", str(out)]) == 0
     rows = {r["method"]: r for r in json.loads((out / "results.json").read_text())["rows"] if r["category"] == "all"}

@@ -19,6 +19,7 @@ from functools import partial
 import pytest
 import torch
 from lockstep import run_in_lockstep
+from transformers_greedy import transformers_greedy
 
 from specedge.bench import specbench
 from specedge.cloud.engine import Engine
@@ -100,12 +101,7 @@ def model_case(request, real_model):
     chat = bool(getattr(tokenizer, "chat_template", None))
     edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
     prompts = [edge_tokenizer.encode_prompt(p.text, chat=chat) for p in PROMPTS]
-    references = []
-    for ids in prompts:
-        with torch.inference_mode():
-            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              do_sample=False, max_new_tokens=NEW_TOKENS)
-        references.append(out[0, len(ids) :].tolist())
+    references = transformers_greedy(hf, prompts, NEW_TOKENS, eos_token_ids(hf))
     return hf, engine, prompts, references, edge_tokenizer, request.param
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-import torch
+from transformers_greedy import transformers_greedy
 
 from specedge.bench import specbench
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.launch import EmbeddedVerifier
+from specedge.cloud.model_registry import eos_token_ids
 from specedge.edge.client import EdgeClient
 
 pytestmark = pytest.mark.real_model
@@ -23,12 +24,8 @@ NEW_TOKENS = 24
 def test_clients_with_different_drafters_share_a_verifier_and_each_get_the_target_output(real_model):
     hf, tokenizer = real_model(MODEL)
     prompts = [p.text[:600] for p in specbench.stratified(specbench.load(), 2 * len(DRAFTERS))]
-    expected = []
-    for text in prompts:
-        x = torch.tensor([tokenizer(text)["input_ids"]])
-        with torch.inference_mode():
-            out = hf.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=NEW_TOKENS)
-        expected.append(out[0, x.shape[1] :].tolist())
+    expected = transformers_greedy(hf, [tokenizer(text)["input_ids"] for text in prompts], NEW_TOKENS,
+                                   eos_token_ids(hf))
     results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
     with EmbeddedVerifier(ServerConfig(model=MODEL, port=0, kv_pool_mb=256), (hf, tokenizer)) as verifier:
