@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specedge.cli.flags import add_tls_flags
 from specedge.cloud.config import DEFAULT_MODEL, ServerConfig
+from specedge.common import tls
 from specedge.common.tree_sizing import MAX_TREE_NODES
 
 
@@ -33,9 +35,7 @@ def add_edge_flags(parser: argparse.ArgumentParser, default_drafter: str) -> Non
     parser.add_argument("--server", action="append", default=None, metavar="HOST:PORT",
                         help="verifier to use (repeat the flag for fail-over targets); default: an embedded one")
     parser.add_argument("--auth-token", default=None, help="bearer token for the verifier")
-    parser.add_argument("--tls-ca", default=None, help="PEM CA of the verifier: connect with TLS")
-    parser.add_argument("--tls-cert", default=None, help="PEM client certificate, for mutual TLS")
-    parser.add_argument("--tls-key", default=None, help="PEM key of --tls-cert")
+    add_tls_flags(parser, "the verifier (or router)")
     parser.add_argument("--kv-pool-mb", type=int, default=ServerConfig.kv_pool_mb,
                         help="KV cache budget of the embedded verifier in MiB")
 
@@ -50,8 +50,9 @@ def edge_client(args: argparse.Namespace, engine_thread: bool):
     check_drafter(args.drafter, bool(args.corpus))  # before the slow model load
     if args.max_tree < 0:
         raise ValueError(f"--max-tree must be >= 0, got {args.max_tree}")
+    tls.check_files("--tls-cert/--tls-key", args.tls_cert, args.tls_key, args.tls_ca, needs_ca=True)
     channel = ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-                            tls_key=args.tls_key)
+                            tls_key=args.tls_key, server_name=args.tls_server_name)
     embedded, tokenizer = None, None
     if args.server is None:
         try:

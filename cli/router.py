@@ -8,7 +8,7 @@ import logging
 
 import grpc
 
-from specedge.cli.flags import add_config_flags, config_from_args
+from specedge.cli.flags import add_config_flags, add_tls_flags, config_from_args, tls_channel
 from specedge.cloud.router.config import RouterConfig
 
 
@@ -28,6 +28,7 @@ def add_parser(commands) -> None:
     for sub in (d, l_):
         sub.add_argument("--router", default="127.0.0.1:50050", help="the router, host:port")
         sub.add_argument("--auth-token", default=None, help="the router's bearer token")
+        add_tls_flags(sub, "the router")
         sub.set_defaults(run=run_action)
 
 
@@ -47,7 +48,7 @@ def run_action(args: argparse.Namespace) -> int:
     from specedge.protos import router_pb2 as rpb
 
     metadata = [("authorization", f"Bearer {args.auth_token}")] if args.auth_token else []
-    with grpc.insecure_channel(args.router) as channel:
+    with tls_channel(args, args.router) as channel:
         try:
             if args.action == "drain":
                 drain = channel.unary_unary("/specedge.v1.Router/Drain",

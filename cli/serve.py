@@ -23,11 +23,12 @@ def add_parser(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from specedge.cloud.launch import serve_forever
 
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise SystemExit("specedge serve: --tls-cert and --tls-key go together")
+    from specedge.cloud.server import check_tls
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     config = config_from_args(ServerConfig, args)
     try:
+        check_tls(config)  # before the model loads
         serve_forever(config)
     except (ValueError, OSError) as e:
         raise SystemExit(f"specedge serve: {e}")

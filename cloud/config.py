@@ -63,3 +63,6 @@ class ServerConfig:
                                     "then moves live sessions to other verifiers instead of waiting for them")
     advertise: str | None = _setting(None, "host:port (or host: then the bound port) the router reaches this "
                                      "verifier at (default: --host and the bound port)")
+    register_tls_ca: str | None = _setting(None, "PEM CA of the router's certificate: --register over TLS, "
+                                           "presenting --tls-cert as this verifier's client certificate (for a "
+                                           "router with --tls-client-ca)")

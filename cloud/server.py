@@ -15,6 +15,7 @@ from specedge.cloud.auth import BearerAuth, accepted_tokens
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.router.registration import Registration
 from specedge.cloud.service import ServedModel, VerifierService, log_event
+from specedge.common import tls
 from specedge.protos import verifier_pb2 as pb
 
 SERVICE = "specedge.v1.Verifier"
@@ -67,8 +68,17 @@ def advertised_address(config: ServerConfig, port: int) -> str:
     return f"{config.host}:{port}"
 
 
+def check_tls(config: ServerConfig) -> None:
+    """A ValueError that names the flag, for TLS files given by halves, without what they need, or missing."""
+    tls.check_serving(config.tls_cert, config.tls_key, config.tls_client_ca)
+    tls.check_files("--register-tls-ca", None, None, config.register_tls_ca)
+    if config.register_tls_ca and not config.register:
+        raise ValueError("--register-tls-ca is for the router of --register, which is not given")
+
+
 async def start_server(model: ServedModel, config: ServerConfig, scheduler_thread: bool = True) -> RunningServer:
     """Serve `model`; with `scheduler_thread=False` the caller runs `service.scheduler.run()` itself."""
+    check_tls(config)
     service = VerifierService(model, config, scheduler_thread)
     tokens = accepted_tokens(config.auth_token, service.identities.tokens)
     interceptors = [BearerAuth(tokens, (f"/{SERVICE}/",))] if tokens else []
@@ -89,16 +99,7 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
     reflection.enable_server_reflection(
         (pb.DESCRIPTOR.services_by_name["Verifier"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     address = f"{config.host}:{config.port}"
-    if config.tls_cert:
-        with open(config.tls_cert, "rb") as f:
-            cert = f.read()
-        with open(config.tls_key, "rb") as f:
-            key = f.read()
-        ca = open(config.tls_client_ca, "rb").read() if config.tls_client_ca else None
-        creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
-        port = server.add_secure_port(address, creds)
-    else:
-        port = server.add_insecure_port(address)
+    port = tls.add_port(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     await server.start()
@@ -111,6 +112,7 @@ async def start_server(model: ServedModel, config: ServerConfig, scheduler_threa
     running = RunningServer(server, service, health_servicer, port)
     if config.register:
         metadata = (("authorization", f"Bearer {config.auth_token}"),) if config.auth_token else ()
-        running.registration = Registration(config.register, advertised_address(config, port), metadata)
+        channel = tls.aio_channel(config.register, config.register_tls_ca, config.tls_cert, config.tls_key)
+        running.registration = Registration(channel, config.register, advertised_address(config, port), metadata)
     service.on_drain.append(running.not_serving)
     return running

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from specedge.common import wire
+from specedge.common import tls, wire
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
@@ -32,14 +32,7 @@ class ChannelConfig:
     rpc_timeout_s: float = 600.0
 
     def channel(self, target: str) -> grpc.Channel:
-        options = [("grpc.max_receive_message_length", 16 << 20)]
-        if self.server_name:
-            options.append(("grpc.ssl_target_name_override", self.server_name))
-        if self.tls_ca is None:
-            return grpc.insecure_channel(target, options=options)
-        read = lambda path: open(path, "rb").read() if path else None  # noqa: E731
-        creds = grpc.ssl_channel_credentials(read(self.tls_ca), read(self.tls_key), read(self.tls_cert))
-        return grpc.secure_channel(target, creds, options=options)
+        return tls.channel(target, self.tls_ca, self.tls_cert, self.tls_key, self.server_name)
 
     def metadata(self) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {self.auth_token}")] if self.auth_token else []

@@ -406,25 +406,6 @@ def test_bearer_token_is_required_for_the_verifier_but_not_for_health_checks():
         assert len(generate(good.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
 
 
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory):
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate, made with openssl."""
-    d = tmp_path_factory.mktemp("certs")
-
-    def sh(*args):
-        subprocess.run(args, cwd=d, check=True, capture_output=True)
-
-    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-       "-keyout", "ca.key", "-out", "ca.pem")
-    for name in ("server", "client"):
-        sh("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-           "-out", f"{name}.csr")
-        (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        sh("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-           "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
-    return d
-
-
 def test_tls_is_required_when_configured(certs):
     with tiny_verifier(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key")) as s:
         with pytest.raises(grpc.RpcError) as err:

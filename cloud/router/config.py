@@ -27,4 +27,15 @@ class RouterConfig:
     auth_tokens: str | None = _setting(None, "file of `NAME TOKEN` lines: each client's own bearer token; verifiers "
                                        "that trust this router (--trusted-relays) count limits by NAME")
     verifier_auth_token: str | None = _setting(None, "bearer token to present to verifiers")
+    tls_cert: str | None = _setting(None, "PEM certificate: serve TLS to clients and registering verifiers "
+                                    "(with --tls-key)")
+    tls_key: str | None = _setting(None, "PEM private key of --tls-cert")
+    tls_client_ca: str | None = _setting(None, "PEM CA: require client certificates it signed (mutual TLS); a "
+                                         "client's identity is then its certificate's name, passed on to verifiers")
+    verifier_tls_ca: str | None = _setting(None, "PEM CA of the verifiers' certificates: reach verifiers over TLS")
+    verifier_tls_cert: str | None = _setting(None, "PEM certificate to present to verifiers with --tls-client-ca "
+                                             "(with --verifier-tls-key); they may trust it as a relay, cert:NAME")
+    verifier_tls_key: str | None = _setting(None, "PEM private key of --verifier-tls-cert")
+    verifier_tls_server_name: str | None = _setting(None, "the name the verifiers' certificates hold, where it "
+                                                    "differs from the addresses the router dials")
     metrics_port: int | None = _setting(None, "serve Prometheus metrics over HTTP here")

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specedge.cloud.router.affinity_index import AffinityIndex
 from specedge.cloud.router.config import RouterConfig
 from specedge.cloud.router.placement import Candidate, Placement, place
+from specedge.common import tls
 from specedge.protos import verifier_pb2 as pb
 
 log = logging.getLogger("specedge.router")
@@ -70,7 +71,10 @@ class Fleet:
     def add(self, address: str, registered: bool = False) -> Member:
         member = self.members.get(address)
         if member is None:
-            member = Member(address, grpc.aio.insecure_channel(address), registered=registered)
+            c = self.config
+            channel = tls.aio_channel(address, c.verifier_tls_ca, c.verifier_tls_cert, c.verifier_tls_key,
+                                      c.verifier_tls_server_name)
+            member = Member(address, channel, registered=registered)
             self.members[address] = member
             member.tasks = [asyncio.create_task(self._check_health(member)),
                             asyncio.create_task(self._watch(member))]

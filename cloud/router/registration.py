@@ -17,9 +17,10 @@ LEASE_S = 3.0  # the router drops a verifier that has not renewed for this long
 
 
 class Registration:
-    def __init__(self, router: str, address: str, metadata: tuple = ()) -> None:
+    def __init__(self, channel: grpc.aio.Channel, router: str, address: str, metadata: tuple = ()) -> None:
+        """`channel`: to the router at `router` (common/tls.py: over TLS where the router serves it)."""
         self.router, self.address, self.metadata = router, address, metadata
-        self._channel = grpc.aio.insecure_channel(router)
+        self._channel = channel
         self._register = self._channel.unary_unary("/specedge.v1.Router/Register",
                                                    request_serializer=rpb.RegisterRequest.SerializeToString,
                                                    response_deserializer=rpb.RegisterReply.FromString)

@@ -20,6 +20,7 @@ from specedge.cloud.router.fleet import Fleet
 from specedge.cloud.router.metrics import RouterMetrics
 from specedge.cloud.router.placement import POLICIES
 from specedge.cloud.router.service import RouterService
+from specedge.common import tls
 
 log = logging.getLogger("specedge.router")
 
@@ -35,9 +36,17 @@ class RunningRouter:
         await self.fleet.close()
 
 
-async def start_router(config: RouterConfig) -> RunningRouter:
+def check_config(config: RouterConfig) -> None:
+    """A ValueError that names the flag, for an unknown policy or TLS files given by halves or missing."""
     if config.policy not in POLICIES:
         raise ValueError(f"unknown placement policy {config.policy!r}; choose from {', '.join(POLICIES)}")
+    tls.check_serving(config.tls_cert, config.tls_key, config.tls_client_ca)
+    tls.check_files("--verifier-tls-cert/--verifier-tls-key", config.verifier_tls_cert, config.verifier_tls_key,
+                    config.verifier_tls_ca, needs_ca=True)
+
+
+async def start_router(config: RouterConfig) -> RunningRouter:
+    check_config(config)
     metadata = (("authorization", f"Bearer {config.verifier_auth_token}"),) if config.verifier_auth_token else ()
     fleet = Fleet(config, metadata)
     metrics = RouterMetrics()
@@ -59,9 +68,10 @@ async def start_router(config: RouterConfig) -> RunningRouter:
     ))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    address = f"{config.host}:{config.port}"
+    port = tls.add_port(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
     if port == 0:
-        raise OSError(f"cannot listen on {config.host}:{config.port}")
+        raise OSError(f"cannot listen on {address}")
     await server.start()
     for address in filter(None, (a.strip() for a in config.verifiers.split(","))):
         fleet.add(address)
@@ -71,6 +81,7 @@ async def start_router(config: RouterConfig) -> RunningRouter:
         metrics.serve(config.metrics_port, config.host)
         asyncio.create_task(_observe_fleet(fleet, metrics))
     log.info(json.dumps({"event": "routing", "address": f"{config.host}:{port}", "policy": config.policy,
+                         "tls": bool(config.tls_cert), "verifiers_tls": bool(config.verifier_tls_ca),
                          "verifiers": sorted(fleet.members)}))
     return RunningRouter(server, fleet, port)
 
