@@ -198,7 +198,10 @@ class VerifierService:
             self._label(req.client_id)
             client, claim = self._admit(self.identities.of(context), len(prompt) + params.max_new_tokens)
             self.metrics.sessions_total.labels("Generate").inc()
-            seq, outcome = await self._open(prompt, params, DraftTree.empty())
+            # A drain moves the stream as it moves sessions: it ends between steps with UNAVAILABLE and
+            # `specedge-migrate`, and the client asks again elsewhere with the prompt plus what it has had
+            # (edge/resume.py, ResumableGenerate).
+            seq, outcome = await self._unless_moved(self.scheduler.open(prompt, params, DraftTree.empty()))
             produced = 0
             while True:
                 tokens = outcome.verdict.tokens[: params.max_new_tokens - produced]
@@ -207,7 +210,7 @@ class VerifierService:
                 yield pb.GenerateResponse(tokens=tokens, done=done).SerializeToString()
                 if done:
                     return
-                outcome = await self._await(self.scheduler.verify(seq, DraftTree.empty()))
+                outcome = await self._unless_moved(self.scheduler.verify(seq, DraftTree.empty()))
         except _Abort as e:
             self.metrics.errors.labels(e.code.name).inc()
             await context.abort(e.code, e.message, e.trailing)
@@ -377,11 +380,6 @@ class VerifierService:
                 if usage[client] <= 0:
                     del usage[client]
             self.metrics.sessions.dec()
-
-    async def _open(self, prompt, params, tree):
-        # If the client leaves while its prompt waits, the scheduler sees the request cancelled and frees
-        # the sequence it would have opened.
-        return await self._await(self.scheduler.open(prompt, params, tree))
 
     async def _unless_moved(self, future):
         """The scheduler's answer, unless a drain moves the session first: then its work is dropped (nothing

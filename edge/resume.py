@@ -1,20 +1,21 @@
 """A session that survives broken streams and "come back later" refusals, so that the caller of a
-generation sees one uninterrupted result.
+generation sees one uninterrupted result (and ResumableGenerate: the same for plain decoding on the
+verifier, the `Generate` RPC).
 
 When a stream breaks (verifier restart, network reset) the session reopens, on the next verifier if
 several were given, with the prompt plus everything committed so far, and sends the drafts still in
-flight again (less what has been committed since each was drafted). Greedy output is identical to a run without the break; sampled output keeps
-following the model's distribution. A verifier that refuses it for now (its KV pool is full of other
-sessions: RESOURCE_EXHAUSTED with `specedge-retry-after-ms`) is asked again when it says, for up to
-`busy_wait_s`. A draining verifier (UNAVAILABLE with `specedge-migrate`) ends the stream at a round
-boundary on purpose: the session moves at once, without back-off.
+flight again (less what has been committed since each was drafted). Greedy output is identical to a run
+without the break; sampled output keeps following the model's distribution. A verifier that refuses it
+for now (its KV pool is full of other sessions: RESOURCE_EXHAUSTED with `specedge-retry-after-ms`) is asked
+again when it says, for up to `busy_wait_s`. A draining verifier (UNAVAILABLE with `specedge-migrate`) ends
+the stream at a round boundary on purpose: the session moves at once, without back-off.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import grpc
@@ -75,7 +76,7 @@ class ResumableSession:
         return result
 
     def _with_retries(self, action):
-        attempt, busy_since, moves = 0, None, 0
+        retry = Retry(self.retries, self.backoff_s, self.busy_wait_s)
         while True:
             try:
                 if self.session is None:
@@ -88,19 +89,7 @@ class ResumableSession:
                     self.session.close()
                     self.session = None
                     self.resumes += 1
-                retry_after = _retry_after_s(e)
-                if _told_to_move(e) and moves < MAX_MOVES_WITHOUT_BACKOFF:
-                    moves += 1
-                elif retry_after is not None:
-                    busy_since = busy_since or time.monotonic()
-                    if time.monotonic() - busy_since + retry_after > self.busy_wait_s:
-                        raise
-                    time.sleep(retry_after)
-                elif e.code() not in RETRYABLE or attempt >= self.retries:
-                    raise
-                else:
-                    time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2**attempt))
-                    attempt += 1
+                retry.wait_or_raise(e)
 
     def _send_again(self) -> None:
         """The trees in flight on a new stream, each less what has been committed since it was drafted: the
@@ -124,6 +113,64 @@ class ResumableSession:
     def close(self) -> None:
         if self.session is not None:
             self.session.close()
+
+
+class ResumableGenerate:
+    """Plain decoding on the verifier (the `Generate` RPC) across breaks, refusals and drains, as
+    ResumableSession is for sessions: iterate it for the token lists as they come. A stream that ends early
+    is asked for again, from `connect()`, with the prompt plus every token it gave, for the tokens left;
+    sampling draws by (seed, position) (cloud/sampling.py), so a seeded or greedy output is the same as
+    without the break."""
+
+    def __init__(self, connect: Callable[[], RemoteVerifier], prompt_ids: list[int], params: SamplingParams,
+                 client_id: str = "", retries: int = 10, backoff_s: float = 0.2, busy_wait_s: float = 300.0) -> None:
+        self.connect, self.prompt_ids, self.params, self.client_id = connect, list(prompt_ids), params, client_id
+        self.retries, self.backoff_s, self.busy_wait_s = retries, backoff_s, busy_wait_s
+        self.produced: list[int] = []
+        self.resumes = 0  # calls that failed (broke, were moved or refused) and were made again
+
+    def __iter__(self) -> Iterator[list[int]]:
+        retry = Retry(self.retries, self.backoff_s, self.busy_wait_s)
+        while True:
+            rest = replace(self.params, max_new_tokens=self.params.max_new_tokens - len(self.produced))
+            try:
+                for tokens, done in self.connect().generate_pieces(self.prompt_ids + self.produced, rest,
+                                                                   self.client_id):
+                    self.produced += tokens
+                    retry = Retry(self.retries, self.backoff_s, self.busy_wait_s)  # it got somewhere
+                    yield tokens
+                    if done:
+                        return
+                return
+            except grpc.RpcError as e:
+                retry.wait_or_raise(e)
+                self.resumes += 1
+
+
+class Retry:
+    """One action's retries after failures: at once where a draining verifier said to move (a few times in a
+    row), when it says where a busy one refused for now (for up to `busy_wait_s` in all), else after an
+    exponential back-off while the failure may pass (`retries` times)."""
+
+    def __init__(self, retries: int, backoff_s: float, busy_wait_s: float) -> None:
+        self.retries, self.backoff_s, self.busy_wait_s = retries, backoff_s, busy_wait_s
+        self.attempt, self.moves, self.busy_since = 0, 0, None
+
+    def wait_or_raise(self, error: grpc.RpcError) -> None:
+        """Return when the action may be tried again; raise `error` when it may not."""
+        retry_after = _retry_after_s(error)
+        if _told_to_move(error) and self.moves < MAX_MOVES_WITHOUT_BACKOFF:
+            self.moves += 1
+        elif retry_after is not None:
+            self.busy_since = self.busy_since or time.monotonic()
+            if time.monotonic() - self.busy_since + retry_after > self.busy_wait_s:
+                raise error
+            time.sleep(retry_after)
+        elif error.code() not in RETRYABLE or self.attempt >= self.retries:
+            raise error
+        else:
+            time.sleep(min(MAX_BACKOFF_S, self.backoff_s * 2**self.attempt))
+            self.attempt += 1
 
 
 def _retry_after_s(error: grpc.RpcError) -> float | None:

@@ -68,10 +68,17 @@ class RemoteVerifier:
 
     def server_generate(self, prompt_ids: list[int], params: SamplingParams, client_id: str = ""
                         ) -> Iterator[list[int]]:
-        """Plain decoding on the verifier (the `Generate` RPC): token lists as they come."""
+        """Plain decoding on the verifier (the `Generate` RPC): token lists as they come. (A stream that
+        breaks or is moved by a drain raises grpc.RpcError; edge/resume.py's ResumableGenerate goes on.)"""
+        for tokens, _ in self.generate_pieces(prompt_ids, params, client_id):
+            yield tokens
+
+    def generate_pieces(self, prompt_ids: list[int], params: SamplingParams, client_id: str = ""
+                        ) -> Iterator[tuple[list[int], bool]]:
+        """`server_generate`'s token lists, each with whether it is the last (`done`)."""
         req = pb.GenerateRequest(client_id=client_id, prompt_ids=prompt_ids, params=wire.params_to_pb(params))
         for resp in self._generate(req, metadata=self.config.metadata(), timeout=self.config.rpc_timeout_s):
-            yield list(resp.tokens)
+            yield list(resp.tokens), resp.done
 
     def flush_cache(self) -> int:
         """Make the verifier forget the cached prompt prefixes no live session uses -> KV blocks forgotten."""

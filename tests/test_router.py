@@ -6,6 +6,8 @@ with the output unchanged."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 
 import grpc
@@ -19,7 +21,7 @@ from specedge.common.draft_tree import DraftTree
 from specedge.common.params import SamplingParams
 from specedge.edge.drafter import FunctionDrafter
 from specedge.edge.generation import generate
-from specedge.edge.resume import ResumableSession
+from specedge.edge.resume import ResumableGenerate, ResumableSession
 from specedge.edge.transport import ChannelConfig, RemoteVerifier
 from specedge.protos import router_pb2 as rpb
 
@@ -156,6 +158,61 @@ def test_a_session_moves_through_the_router_with_its_output_unchanged(fault, par
         assert got.token_ids == want
         assert session.resumes == 1
         assert time.monotonic() - started < 10
+
+
+def pause_the_first_to_reach(nth: int, verifiers) -> tuple[threading.Event, threading.Event, list]:
+    """Make the first of `verifiers` whose engine reaches its `nth` step wait there until `go` is set
+    (its scheduler thread only; its gRPC server goes on): (paused, go, [that verifier] once paused)."""
+    paused, go, which, lock = threading.Event(), threading.Event(), [], threading.Lock()
+    for v in verifiers:
+        def paused_step(*args, _v=v, _step=v.engine.step, _count=itertools.count(1), **kwargs):
+            if next(_count) == nth:
+                with lock:
+                    first = not which
+                    if first:
+                        which.append(_v)
+                if first:
+                    paused.set()
+                    go.wait(30)
+            return _step(*args, **kwargs)
+        v.engine.step = paused_step
+    return paused, go, which
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=40),
+                                    SamplingParams(temperature=1.0, seed=5, max_new_tokens=40)],
+                         ids=["greedy", "seeded"])
+@pytest.mark.parametrize("fault", ["drain", "stop"])
+def test_plain_decoding_on_the_verifier_moves_through_the_router_with_its_output_unchanged(fault, params):
+    """The `Generate` RPC, stopped between steps by a drain (or its verifier gone), is asked for again with
+    what it gave (edge/resume.py, ResumableGenerate) and ends as it would have."""
+    with tiny_verifier() as a, tiny_verifier() as b, router_for(a, b) as router:
+        want = [t for piece in RemoteVerifier(b.target).server_generate(PROMPT, params) for t in piece]
+        assert len(want) == params.max_new_tokens and b.used_blocks() == 0
+        b.engine.pool.drop_cached()
+        wait_for(lambda: cached_blocks(router, b) == 0, "b's cache to empty")
+        paused, go, holder = pause_the_first_to_reach(6, (a, b))  # the one the stream is on
+
+        def fault_midway() -> None:
+            assert paused.wait(30), "no verifier reached its sixth step"
+            if fault == "drain":
+                with grpc.insecure_channel(router.target) as channel:
+                    channel.unary_unary("/specedge.v1.Router/Drain",
+                                        request_serializer=rpb.DrainVerifierRequest.SerializeToString,
+                                        response_deserializer=rpb.DrainVerifierReply.FromString)(
+                        rpb.DrainVerifierRequest(address=holder[0].target), timeout=10)
+            else:
+                holder[0].kill()
+            go.set()
+
+        faulting = threading.Thread(target=fault_midway)
+        faulting.start()
+        stream = ResumableGenerate(lambda: RemoteVerifier(router.target), PROMPT, params)
+        pieces = list(stream)
+        faulting.join()
+        assert [t for piece in pieces for t in piece] == want
+        assert stream.resumes == 1 and len(pieces) > 1
+        assert holder[0].used_blocks() == 0  # the dropped step's sequence is freed
 
 
 def test_a_client_that_goes_away_mid_session_frees_the_verifier_behind_the_router():
