@@ -4,9 +4,9 @@ After a first sort by the first few tokens, each round sorts the suffixes that s
 tokens with another one by the rank of what follows those h tokens, so h doubles per round; a suffix
 whose group has become a singleton is settled and drops out (Larsson and Sadakane's refinement).
 Natural text settles most suffixes within a few rounds, so the rounds after those are small; only long
-repeats keep suffixes in play, for log2(repeat length) rounds. Measured here on one core, for the 10M tokens of bench/drafting_bench.py (Spec-Bench sentences
-reshuffled into documents: many repeats): ~7 s, where libdivsufsort takes ~1.2 s; the whole datastore
-builds in ~17 s. The only packaging of libdivsufsort for integer alphabets (`pydivsufsort`) installs
+repeats keep suffixes in play, for log2(repeat length) rounds. Measured here on one core, for the 10M
+tokens of bench/drafting_bench.py (Spec-Bench sentences reshuffled into documents: many repeats): ~7 s,
+where libdivsufsort takes ~1.2 s; the whole datastore builds in ~17 s. The only packaging of libdivsufsort for integer alphabets (`pydivsufsort`) installs
 12 MB: more than everything else the edge needs beyond numpy and grpcio (BENCHMARKS.md, "Edge start-up").
 """
 
