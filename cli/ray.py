@@ -14,6 +14,10 @@ import time
 from specedge.cloud.config import DEFAULT_MODEL, ServerConfig
 
 
+# ServerConfig fields `ray up` passes to every replica as they are: how it is reached and whom it trusts.
+REPLICA_SETTINGS = ("auth_token", "trusted_relays", "tls_cert", "tls_key", "tls_client_ca", "register_tls_ca")
+
+
 def add_parser(commands) -> None:
     r = commands.add_parser("ray", help="run verifier replicas on a Ray cluster",
                             description="Verifier replicas as Ray actors, each a normal gRPC verifier that "
@@ -28,6 +32,10 @@ def add_parser(commands) -> None:
     up.add_argument("--host", default="127.0.0.1", help="address replicas listen on (0.0.0.0 on a multi-node "
                     "cluster: they then advertise their node's IP)")
     up.add_argument("--kv-pool-mb", type=int, default=ServerConfig.kv_pool_mb, help="KV budget per replica")
+    for name in REPLICA_SETTINGS:
+        flag, field = "--" + name.replace("_", "-"), ServerConfig.__dataclass_fields__[name]
+        where = " (a file at the same path on every node)" if "tls" in name else ""
+        up.add_argument(flag, default=field.default, help=f"each replica's {flag}: {field.metadata['help']}{where}")
     up.add_argument("--num-cpus", type=float, default=1.0, help="Ray CPUs per replica (also its engine threads)")
     up.add_argument("--num-gpus", type=float, default=0.0, help="Ray GPUs per replica")
     up.add_argument("--autoscale-max", type=int, default=0, help="autoscale up to this many replicas (0 = off)")
@@ -44,7 +52,22 @@ def add_parser(commands) -> None:
     status.set_defaults(run=run_status)
 
 
+def replica_config(args: argparse.Namespace) -> ServerConfig:
+    """What each replica serves with, from `ray up`'s flags (ValueError for TLS files that cannot work)."""
+    from specedge.cloud.server import check_tls
+
+    config = ServerConfig(model=args.model, host=args.host, port=0, kv_pool_mb=args.kv_pool_mb,
+                          register=args.router, threads=max(1, int(args.num_cpus)),
+                          **{name: getattr(args, name) for name in REPLICA_SETTINGS})
+    check_tls(config)
+    return config
+
+
 def run_up(args: argparse.Namespace) -> int:
+    try:
+        config = replica_config(args)
+    except ValueError as e:
+        raise SystemExit(f"specedge ray up: {e}")
     import ray
 
     from specedge.cloud.ray.autoscale import Autoscaler
@@ -55,8 +78,6 @@ def run_up(args: argparse.Namespace) -> int:
     if args.autoscale_max:
         autoscaler = Autoscaler(args.autoscale_min, args.autoscale_max, args.target_sessions, args.up_delay_s,
                                 args.down_delay_s)
-    config = ServerConfig(model=args.model, host=args.host, port=0, kv_pool_mb=args.kv_pool_mb,
-                          register=args.router, threads=max(1, int(args.num_cpus)))
     ray.init(address=os.environ.get("RAY_ADDRESS"), namespace="specedge", include_dashboard=False,
              logging_level=logging.WARNING)
     controller = start_controller(config, args.num_cpus, args.num_gpus, autoscaler)

@@ -119,3 +119,19 @@ def test_a_verifier_refuses_tls_settings_that_cannot_work_by_name_before_loading
         check_tls(ServerConfig(tls_client_ca=str(certs / "ca.pem")))
     code, _, err = run_in_process(capsys, "serve", "--model", "no-such-model", "--tls-cert", str(certs / "server.pem"))
     assert code != 0 and "specedge serve: --tls-cert/--tls-key: a certificate and its key go together" in err
+
+
+def test_ray_up_gives_every_replica_its_tls_and_trust_settings_and_refuses_a_half_pair(certs, capsys):
+    from specedge.cli import build_parser
+    from specedge.cli.ray import replica_config
+
+    own, ca = files(certs, "server"), str(certs / "ca.pem")
+    args = build_parser().parse_args(["ray", "up", "--router", "router:50050", "--tls-cert", own["cert"],
+                                      "--tls-key", own["key"], "--tls-client-ca", ca, "--register-tls-ca", ca,
+                                      "--trusted-relays", "cert:router", "--auth-token", "s3cret"])
+    config = replica_config(args)
+    assert (config.tls_cert, config.tls_key, config.tls_client_ca, config.register_tls_ca) == (
+        own["cert"], own["key"], ca, ca)
+    assert (config.register, config.trusted_relays, config.auth_token) == ("router:50050", "cert:router", "s3cret")
+    code, _, err = run_in_process(capsys, "ray", "up", "--router", "router:50050", "--tls-cert", own["cert"])
+    assert code != 0 and "specedge ray up: --tls-cert/--tls-key: a certificate and its key go together" in err
