@@ -17,6 +17,8 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
+import grpc
+
 from specedge.bench.hf_baselines import HF_BASELINES, HFBaselines
 from specedge.bench.report import plot_serving, plot_speedup, progress_reporter, write_results
 from specedge.bench.specbench import Prompt
@@ -185,17 +187,19 @@ def run_bench(args: argparse.Namespace) -> int:
 def _run_against_server(args: argparse.Namespace) -> int:
     """gRPC mode against a running verifier or router: an edge-only run (no model here; the tokenizer comes
     from the verifier). Greedy mismatches are errors outright: near-ties cannot be checked without the model."""
-    from specedge.bench.serving import serving_rows
+    from specedge.bench.serving import server_channel, serving_rows
     from specedge.edge.tokenizer_cache import verifier_tokenizer
     from specedge.edge.transport import RemoteVerifier
 
     try:
         _check_serving_args(args, None)
         prompts = load_prompts(args)
-        verifier = RemoteVerifier(args.server)
+        verifier = RemoteVerifier(args.server, server_channel(args))
         tokenizer = verifier_tokenizer(verifier)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise SystemExit(f"specedge bench: {e}")
+    except grpc.RpcError as e:
+        raise SystemExit(f"specedge bench: cannot use --server {args.server}: {e.code().name}: {e.details()}")
     eos = list(verifier.info.eos_token_ids)
     verifier.close()
     encoded = [tokenizer.encode_prompt(p.text, chat=args.chat) for p in prompts]

@@ -76,11 +76,10 @@ class EdgeClient:
     def __init__(self, verifier, method: str, drafter, max_tree: int, max_new_tokens: int, eos: list[int],
                  metered: bool, client_id: str = "") -> None:
         from specedge.edge.controller import TreeSizeController
-        from specedge.edge.transport import RemoteVerifier
 
         self.verifier, self.method, self.drafter, self.eos, self.metered = verifier, method, drafter, eos, metered
         self.client_id = client_id
-        self.client = RemoteVerifier(verifier.target)
+        self.client = connect(verifier)
         _, fixed, overlap, fill = split_method(method)
         self.controller = TreeSizeController(max_tree, fixed=fixed, overlap=overlap, fill=fill)
         self.params = SamplingParams(max_new_tokens=max_new_tokens)
@@ -163,11 +162,9 @@ def run_interleaved(verifier, methods: list[str], jobs: list[list[int]], max_new
     cache flushed before each generation. So the methods share the verifier process's speed (it varies from
     one process to the next: BENCHMARKS.md section 6) and the host's drift, job by job.
     `on_job(job, {method: its result})` after each job (progress)."""
-    from specedge.edge.transport import RemoteVerifier
-
     clients = {m: EdgeClient(verifier, m, make_drafter(m) if m not in WITHOUT_DRAFTS else None,
                              max_tree, max_new_tokens, eos, metered=True, client_id=m) for m in methods}
-    flusher = RemoteVerifier(verifier.target)
+    flusher = connect(verifier)
     results: dict[str, list[JobResult]] = {m: [] for m in methods}
     try:
         for i, ids in enumerate(jobs):
@@ -202,9 +199,11 @@ def _wait_until_idle(limit_s: float = 2.0) -> None:
 
 @dataclass
 class RunningVerifier:
-    """A verifier (or router) started elsewhere: `--server`."""
+    """A verifier (or router) started elsewhere: `--server`, reached with the bench's --auth-token and TLS
+    flags (`channel`)."""
 
     target: str
+    channel: object = None  # edge.transport.ChannelConfig
 
     def metric(self, name: str) -> float | None:
         return None
@@ -404,10 +403,8 @@ def emulated_link(args, rtt_ms: float):
 @contextlib.contextmanager
 def _warm_verifier(args, serve_args: list[str], link, jobs: list[list[int]]):
     """_verifier, after one short untimed generation (the first step's allocations)."""
-    from specedge.edge.transport import RemoteVerifier
-
     with _verifier(args, serve_args, link) as verifier:
-        warm = RemoteVerifier(verifier.target)
+        warm = connect(verifier)
         list(warm.server_generate(jobs[0][:32], SamplingParams(max_new_tokens=8)))
         warm.close()
         yield verifier
@@ -418,7 +415,7 @@ def _verifier(args, serve_args: list[str], link=None):
     """The verifier to measure against; behind the network-emulating proxy (`--netem`, or the level's
     `link`) when asked."""
     if args.server:
-        verifier = contextlib.nullcontext(RunningVerifier(args.server))
+        verifier = contextlib.nullcontext(RunningVerifier(args.server, server_channel(args)))
     else:
         from specedge.cloud.launch import VerifierProcess
 
@@ -442,6 +439,27 @@ class _Behind:
 
     def metric(self, name: str):
         return self.verifier.metric(name)
+
+    @property
+    def channel(self):
+        return getattr(self.verifier, "channel", None)
+
+
+def connect(verifier):
+    """A client's connection to the verifier measured (a RemoteVerifier), with the --server flags where given."""
+    from specedge.edge.transport import RemoteVerifier
+
+    return RemoteVerifier(verifier.target, getattr(verifier, "channel", None))
+
+
+def server_channel(args):
+    """The ChannelConfig of `--server` from `specedge bench`'s --auth-token and TLS flags."""
+    from specedge.common import tls
+    from specedge.edge.transport import ChannelConfig
+
+    tls.check_files("--tls-cert/--tls-key", args.tls_cert, args.tls_key, args.tls_ca, needs_ca=True)
+    return ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                         tls_key=args.tls_key, server_name=args.tls_server_name)
 
 
 def pinned_cores(spec: str) -> tuple[set[int], set[int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specedge.cli.flags import add_tls_flags
 from specedge.cloud.config import DEFAULT_MODEL, ServerConfig
 from specedge.common.tree_sizing import MAX_TREE_NODES
 
@@ -62,6 +63,8 @@ def add_parser(commands) -> None:
     b.add_argument("--server", default=None, metavar="HOST:PORT",
                    help="measure against this running verifier or router (gRPC mode, no model loaded here) "
                    "instead of starting a verifier per measurement")
+    b.add_argument("--auth-token", default=None, help="bearer token for --server")
+    add_tls_flags(b, "--server")
     b.add_argument("--netem", default=None, metavar="delay_ms=20,jitter_ms=5,...",
                    help="gRPC mode: reach the verifier through the network-emulating proxy with these conditions "
                    "(fields of `specedge proxy`: delay_ms, jitter_ms, bandwidth_mbps, reset_probability, ...)")

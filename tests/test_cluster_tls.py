@@ -135,3 +135,25 @@ def test_ray_up_gives_every_replica_its_tls_and_trust_settings_and_refuses_a_hal
     assert (config.register, config.trusted_relays, config.auth_token) == ("router:50050", "cert:router", "s3cret")
     code, _, err = run_in_process(capsys, "ray", "up", "--router", "router:50050", "--tls-cert", own["cert"])
     assert code != 0 and "specedge ray up: --tls-cert/--tls-key: a certificate and its key go together" in err
+
+
+@pytest.mark.real_model
+def test_bench_measures_a_remote_verifier_over_tls_with_its_token(certs, tmp_path, real_model):
+    """`specedge bench --server` against a verifier that wants TLS and a bearer token, as a cloud one would."""
+    import json
+
+    from specedge.cli import main
+    from specedge.cloud.launch import EmbeddedVerifier
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "1", "category": "qa", "prompt": "Name three colours."}))
+    config = ServerConfig(model="smollm2-135m", port=0, auth_token="s3cret", **serving(certs, "server", mutual=False))
+    flags = ["bench", "--prompts", str(prompts), "--max-new-tokens", "8", "--reps", "1", "--baselines", "server-ar"]
+    with EmbeddedVerifier(config, real_model("smollm2-135m")) as verifier:
+        out = tmp_path / "out"
+        assert main([*flags, "--server", verifier.target, "--tls-ca", str(certs / "ca.pem"), "--auth-token",
+                     "s3cret", "--out", str(out)]) == 0
+        rows = json.loads((out / "results.json").read_text())["rows"]
+        assert {r["method"] for r in rows} == {"server-ar", "retrieval"} and all(r["tokens_per_s"] > 0 for r in rows)
+        with pytest.raises(SystemExit, match="UNAVAILABLE"):  # plaintext against TLS
+            main([*flags, "--server", verifier.target, "--auth-token", "s3cret", "--out", str(tmp_path / "no")])
