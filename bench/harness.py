@@ -187,14 +187,15 @@ def run_bench(args: argparse.Namespace) -> int:
 def _run_against_server(args: argparse.Namespace) -> int:
     """gRPC mode against a running verifier or router: an edge-only run (no model here; the tokenizer comes
     from the verifier). Greedy mismatches are errors outright: near-ties cannot be checked without the model."""
-    from specedge.bench.serving import server_channel, serving_rows
+    from specedge.bench.serving import serving_rows
+    from specedge.cli.flags import channel_config
     from specedge.edge.tokenizer_cache import verifier_tokenizer
     from specedge.edge.transport import RemoteVerifier
 
     try:
         _check_serving_args(args, None)
         prompts = load_prompts(args)
-        verifier = RemoteVerifier(args.server, server_channel(args))
+        verifier = RemoteVerifier(args.server, channel_config(args))
         tokenizer = verifier_tokenizer(verifier)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise SystemExit(f"specedge bench: {e}")

@@ -415,7 +415,9 @@ def _verifier(args, serve_args: list[str], link=None):
     """The verifier to measure against; behind the network-emulating proxy (`--netem`, or the level's
     `link`) when asked."""
     if args.server:
-        verifier = contextlib.nullcontext(RunningVerifier(args.server, server_channel(args)))
+        from specedge.cli.flags import channel_config
+
+        verifier = contextlib.nullcontext(RunningVerifier(args.server, channel_config(args)))
     else:
         from specedge.cloud.launch import VerifierProcess
 
@@ -452,14 +454,6 @@ def connect(verifier):
     return RemoteVerifier(verifier.target, getattr(verifier, "channel", None))
 
 
-def server_channel(args):
-    """The ChannelConfig of `--server` from `specedge bench`'s --auth-token and TLS flags."""
-    from specedge.common import tls
-    from specedge.edge.transport import ChannelConfig
-
-    tls.check_files("--tls-cert/--tls-key", args.tls_cert, args.tls_key, args.tls_ca, needs_ca=True)
-    return ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-                         tls_key=args.tls_key, server_name=args.tls_server_name)
 
 
 def pinned_cores(spec: str) -> tuple[set[int], set[int]]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from specedge.cli.flags import add_tls_flags
+from specedge.cli.flags import add_tls_flags, channel_config
 from specedge.cloud.config import DEFAULT_MODEL, ServerConfig
-from specedge.common import tls
 from specedge.common.tree_sizing import MAX_TREE_NODES
 
 
@@ -44,15 +43,13 @@ def edge_client(args: argparse.Namespace, engine_thread: bool):
     """(EdgeClient, EmbeddedVerifier or None) from the flags; ValueError/FileNotFoundError on bad values.
     `engine_thread`: the embedded verifier steps its engine on a thread of its own (a server); else the
     caller runs the steps with `run_engine_while` (one job, faster when this thread loaded the model)."""
-    from specedge.edge.client import ChannelConfig, EdgeClient
+    from specedge.edge.client import EdgeClient
     from specedge.edge.registry import check_drafter
 
     check_drafter(args.drafter, bool(args.corpus))  # before the slow model load
     if args.max_tree < 0:
         raise ValueError(f"--max-tree must be >= 0, got {args.max_tree}")
-    tls.check_files("--tls-cert/--tls-key", args.tls_cert, args.tls_key, args.tls_ca, needs_ca=True)
-    channel = ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
-                            tls_key=args.tls_key, server_name=args.tls_server_name)
+    channel = channel_config(args)
     embedded, tokenizer = None, None
     if args.server is None:
         try:

@@ -40,3 +40,13 @@ def tls_channel(args: argparse.Namespace, target: str):
     except ValueError as e:
         raise SystemExit(f"specedge: {e}")
     return tls.channel(target, args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+
+
+def channel_config(args: argparse.Namespace):
+    """An edge's ChannelConfig from --auth-token and the flags of `add_tls_flags` (ValueError on a bad pair)."""
+    from specedge.common import tls
+    from specedge.edge.transport import ChannelConfig
+
+    tls.check_files("--tls-cert/--tls-key", args.tls_cert, args.tls_key, args.tls_ca, needs_ca=True)
+    return ChannelConfig(auth_token=args.auth_token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                         tls_key=args.tls_key, server_name=args.tls_server_name)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import grpc
+
+from specedge.cli.flags import add_tls_flags, channel_config
 from specedge.cloud.config import DEFAULT_MODEL
 
 
@@ -24,6 +27,7 @@ def add_parser(commands) -> None:
     build.add_argument("--server", default=None, metavar="HOST:PORT",
                        help="take the tokenizer from this verifier instead of loading --model (the edge's way)")
     build.add_argument("--auth-token", default=None, help="bearer token for --server")
+    add_tls_flags(build, "--server")
     build.set_defaults(run=run_build)
 
 
@@ -34,6 +38,8 @@ def run_build(args: argparse.Namespace) -> int:
         build_datastore(args.paths, _tokenizer(args), args.out)
     except (ValueError, FileNotFoundError, ImportError) as e:
         raise SystemExit(f"specedge index build: {e}")
+    except grpc.RpcError as e:
+        raise SystemExit(f"specedge index build: cannot use --server {args.server}: {e.code().name}: {e.details()}")
     return 0
 
 
@@ -42,9 +48,9 @@ def _tokenizer(args: argparse.Namespace):
 
     if args.server is not None:
         from specedge.edge.tokenizer_cache import verifier_tokenizer
-        from specedge.edge.transport import ChannelConfig, RemoteVerifier
+        from specedge.edge.transport import RemoteVerifier
 
-        verifier = RemoteVerifier(args.server, ChannelConfig(auth_token=args.auth_token))
+        verifier = RemoteVerifier(args.server, channel_config(args))
         try:
             return verifier_tokenizer(verifier)
         finally:

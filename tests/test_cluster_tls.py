@@ -138,8 +138,9 @@ def test_ray_up_gives_every_replica_its_tls_and_trust_settings_and_refuses_a_hal
 
 
 @pytest.mark.real_model
-def test_bench_measures_a_remote_verifier_over_tls_with_its_token(certs, tmp_path, real_model):
-    """`specedge bench --server` against a verifier that wants TLS and a bearer token, as a cloud one would."""
+def test_bench_and_index_build_use_a_remote_verifier_over_tls_with_its_token(certs, tmp_path, real_model):
+    """`specedge bench --server` and `specedge index build --server` (the edge's commands that take a
+    verifier's address) against one that wants TLS and a bearer token, as a cloud one would."""
     import json
 
     from specedge.cli import main
@@ -157,3 +158,11 @@ def test_bench_measures_a_remote_verifier_over_tls_with_its_token(certs, tmp_pat
         assert {r["method"] for r in rows} == {"server-ar", "retrieval"} and all(r["tokens_per_s"] > 0 for r in rows)
         with pytest.raises(SystemExit, match="UNAVAILABLE"):  # plaintext against TLS
             main([*flags, "--server", verifier.target, "--auth-token", "s3cret", "--out", str(tmp_path / "no")])
+        (tmp_path / "notes.txt").write_text("Red, green and blue are colours. " * 20)
+        store = tmp_path / "store"
+        assert main(["index", "build", str(tmp_path / "notes.txt"), "-o", str(store), "--server", verifier.target,
+                     "--tls-ca", str(certs / "ca.pem"), "--auth-token", "s3cret"]) == 0
+        assert any(store.iterdir())
+        with pytest.raises(SystemExit, match="specedge index build: cannot use --server .*: UNAUTHENTICATED"):
+            main(["index", "build", str(tmp_path / "notes.txt"), "-o", str(tmp_path / "no-store"), "--server",
+                  verifier.target, "--tls-ca", str(certs / "ca.pem")])
