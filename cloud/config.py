@@ -35,7 +35,7 @@ class ServerConfig:
     max_hints_top_k: int = _setting(DEFAULT_HINTS_TOP_K, "most hint tokens per verified position a session may ask "
                                     "for (the target's own top-k, which edges draft from); 0 = no hints")
     max_sessions_per_client: int = _setting(64, "open sessions per client identity (a client certificate's name, "
-                                            "an --auth-tokens name, else the client's IP address)")
+                                            "an --auth-tokens name, else the client's IP address); 0 = no limit")
     max_tokens_per_client: int = _setting(0, "tokens (prompt + max_new_tokens) a client's open sessions may "
                                           "claim together; 0 = no limit")
     warm_drafter_clients: int = _setting(256, "clients whose verifier-side drafting state (acceptance "

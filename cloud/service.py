@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from specedge import __version__
 from specedge.cloud.cache_watchers import CacheWatchers, net_changes
+from specedge.cloud.client_limits import ClientLimits, LimitExceeded
 from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
 from specedge.cloud.identity import Identities, read_token_file
@@ -67,8 +68,7 @@ class VerifierService:
         relays = frozenset(r.strip() for r in config.trusted_relays.split(",") if r.strip())
         self.identities = Identities(tokens, relays)  # whom the per-client limits count against
         self.warm_drafters = WarmDrafters(config.warm_drafter_clients)  # per client, for the sessions it fills
-        self.sessions_by_client: Counter[str] = Counter()
-        self.tokens_by_client: Counter[str] = Counter()  # what each client's open sessions may come to hold
+        self.limits = ClientLimits(config.max_sessions_per_client, config.max_tokens_per_client)
         self.draining = False  # no new sessions
         self.migrating = False  # live sessions leave now (a round in flight is dropped)
         self._interruptible_work: set[asyncio.Future] = set()  # what sessions await, cancelled when they move
@@ -274,7 +274,7 @@ class VerifierService:
         self.migrating = True
         for work in list(self._interruptible_work):
             work.cancel()
-        live = sum(self.sessions_by_client.values())
+        live = self.limits.open_sessions
         log_event("drain", sessions=live)
         return live
 
@@ -355,19 +355,17 @@ class VerifierService:
         except ValueError as e:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
+    @property
+    def sessions_by_client(self) -> Counter[str]:
+        """Each client identity's open sessions here."""
+        return self.limits.sessions
+
     def _admit(self, client: str, tokens: int) -> tuple[str, int]:
         """Count a new session (which may come to hold `tokens` tokens of KV) against its client's limits."""
-        c = self.config
-        if self.sessions_by_client[client] >= c.max_sessions_per_client:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {wire.shown(client)} already has {c.max_sessions_per_client} open sessions")
-        if c.max_tokens_per_client and self.tokens_by_client[client] + tokens > c.max_tokens_per_client:
-            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"client {wire.shown(client)} has sessions claiming {self.tokens_by_client[client]} tokens; "
-                         f"this one (prompt + max_new_tokens = {tokens}) would pass its limit of "
-                         f"{c.max_tokens_per_client}")
-        self.sessions_by_client[client] += 1
-        self.tokens_by_client[client] += tokens
+        try:
+            self.limits.admit(client, tokens)
+        except LimitExceeded as e:
+            raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         self.metrics.sessions.inc()
         return client, tokens
 
@@ -375,10 +373,7 @@ class VerifierService:
         if seq is not None:
             self.scheduler.close(seq)  # the scheduler frees the blocks; nothing to wait for
         if client is not None:
-            for usage, amount in ((self.sessions_by_client, 1), (self.tokens_by_client, tokens)):
-                usage[client] -= amount
-                if usage[client] <= 0:
-                    del usage[client]
+            self.limits.release(client, tokens)
             self.metrics.sessions.dec()
 
     async def _unless_moved(self, future):

@@ -75,8 +75,11 @@ def params_to_pb(params: SamplingParams) -> pb.SamplingParams:
     return msg
 
 
+DEFAULT_MAX_NEW_TOKENS = 128  # where a request leaves max_new_tokens at 0
+
+
 def params_from_pb(msg: pb.SamplingParams, max_new_tokens_limit: int) -> SamplingParams:
-    max_new = msg.max_new_tokens or 128
+    max_new = msg.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
     if max_new > max_new_tokens_limit:
         raise ValueError(f"max_new_tokens {max_new} is over this verifier's limit of {max_new_tokens_limit}")
     return SamplingParams(temperature=msg.temperature, top_p=msg.top_p or 1.0, top_k=msg.top_k,

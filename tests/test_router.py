@@ -249,6 +249,38 @@ def test_a_verifier_that_trusts_the_router_counts_limits_by_the_clients_the_rout
         assert v.used_blocks() == 0
 
 
+def test_the_routers_per_client_limits_count_sessions_and_tokens_across_all_its_verifiers():
+    """Each verifier counts only its own sessions, so a client behind a router could open each one's limit
+    once per verifier; the router's own limits count everything it relays for the client."""
+    with tiny_verifier() as a, tiny_verifier() as b, \
+            router_for(a, b, policy="round-robin", max_sessions_per_client=2) as router:
+        client = RemoteVerifier(router.target)
+        held = [client.open(PROMPT, GREEDY) for _ in range(2)]
+        for h in held:
+            h.step(DraftTree.empty())
+        assert len(a.service.sessions_by_client) == len(b.service.sessions_by_client) == 1  # one on each
+        for refused in (lambda: client.open(PROMPT, GREEDY).step(DraftTree.empty()),
+                        lambda: list(client.server_generate(PROMPT, GREEDY))):
+            with pytest.raises(grpc.RpcError) as err:
+                refused()
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "'peer:ipv4:127.0.0.1' already has 2 open sessions" in err.value.details()
+        held.pop().close()
+        wait_for(lambda: router.call(lambda: router.running.service.limits.open_sessions) == 1, "the relay to end")
+        assert len(generate(client.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
+        held[0].close()
+    claim = len(PROMPT) + GREEDY.max_new_tokens
+    with tiny_verifier() as a, router_for(a, max_tokens_per_client=2 * claim - 1) as router:
+        client = RemoteVerifier(router.target)
+        held = client.open(PROMPT, GREEDY)
+        held.step(DraftTree.empty())
+        with pytest.raises(grpc.RpcError) as err:
+            client.open(PROMPT, GREEDY).step(DraftTree.empty())
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"claiming {claim} tokens; this one (prompt + max_new_tokens = {claim})" in err.value.details()
+        held.close()
+
+
 def test_a_client_cannot_claim_an_identity_where_it_is_not_a_trusted_relay(tmp_path):
     (tmp_path / "tokens").write_text("mallory m-t0k\nrouter r-t0k\n")
     with tiny_verifier(max_sessions_per_client=1, auth_tokens=str(tmp_path / "tokens"),

@@ -26,6 +26,11 @@ class RouterConfig:
     auth_token: str | None = _setting(None, "require `authorization: Bearer TOKEN` from clients")
     auth_tokens: str | None = _setting(None, "file of `NAME TOKEN` lines: each client's own bearer token; verifiers "
                                        "that trust this router (--trusted-relays) count limits by NAME")
+    max_sessions_per_client: int = _setting(0, "open sessions per client identity across all verifiers (a "
+                                            "client certificate's name, an --auth-tokens name, else its IP "
+                                            "address; each verifier also applies its own limit); 0 = no limit")
+    max_tokens_per_client: int = _setting(0, "tokens (prompt + max_new_tokens) a client's open sessions across all "
+                                          "verifiers may claim together; 0 = no limit")
     verifier_auth_token: str | None = _setting(None, "bearer token to present to verifiers")
     tls_cert: str | None = _setting(None, "PEM certificate: serve TLS to clients and registering verifiers "
                                     "(with --tls-key)")

@@ -16,6 +16,8 @@ class RouterMetrics:
                                      registry=r)
         self.relay_failures = Counter("specedge_router_relay_failures", "calls to a verifier that failed as if it "
                                       "were down (the session is placed again)", ["verifier"], registry=r)
+        self.refused = Counter("specedge_router_refused_sessions", "sessions refused by the router's per-client "
+                               "limits", registry=r)
         self.verifiers = Gauge("specedge_router_verifiers", "known verifiers, in the pool or not", ["state"],
                                registry=r)
 

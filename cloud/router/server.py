@@ -30,6 +30,7 @@ class RunningRouter:
     server: grpc.aio.Server
     fleet: Fleet
     port: int
+    service: RouterService
 
     async def stop(self, grace_s: float = 5.0) -> None:
         await self.server.stop(grace=grace_s)
@@ -83,7 +84,7 @@ async def start_router(config: RouterConfig) -> RunningRouter:
     log.info(json.dumps({"event": "routing", "address": f"{config.host}:{port}", "policy": config.policy,
                          "tls": bool(config.tls_cert), "verifiers_tls": bool(config.verifier_tls_ca),
                          "verifiers": sorted(fleet.members)}))
-    return RunningRouter(server, fleet, port)
+    return RunningRouter(server, fleet, port, service)
 
 
 async def _observe_fleet(fleet: Fleet, metrics: RouterMetrics) -> None:

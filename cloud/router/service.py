@@ -16,6 +16,7 @@ import logging
 
 import grpc
 
+from specedge.cloud.client_limits import ClientLimits, LimitExceeded
 from specedge.cloud.identity import CLIENT_IDENTITY, Identities
 from specedge.cloud.router.fleet import Fleet, Member
 from specedge.cloud.router.metrics import RouterMetrics
@@ -34,6 +35,24 @@ class RouterService:
     def __init__(self, fleet: Fleet, metrics: RouterMetrics, identities: Identities | None = None) -> None:
         self.fleet, self.metrics = fleet, metrics
         self.identities = identities or Identities()
+        c = fleet.config
+        self.limits = ClientLimits(c.max_sessions_per_client, c.max_tokens_per_client)  # over all its verifiers
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, context, prompt: list[int], params: pb.SamplingParams):
+        """The relay of a session or Generate stream, counted against its client's limits while it lasts
+        (RESOURCE_EXHAUSTED when they do not allow it)."""
+        client = self.identities.of(context)
+        claim = len(prompt) + (params.max_new_tokens or wire.DEFAULT_MAX_NEW_TOKENS)
+        try:
+            self.limits.admit(client, claim)
+        except LimitExceeded as e:
+            self.metrics.refused.inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        try:
+            yield
+        finally:
+            self.limits.release(client, claim)
 
     def _upstream_metadata(self, context) -> tuple:
         """The router's own credentials, and the client's identity for verifiers that trust the router."""
@@ -69,26 +88,28 @@ class RouterService:
         prompt = list(opening.open.prompt_ids)
         metadata = self._upstream_metadata(context)
         session = lambda m: m.channel.stream_stream(VERIFIER_METHOD + "Session")(metadata=metadata)  # noqa: E731
-        call, member, reply = await self._open(context, prompt, session, first)
-        pump = asyncio.create_task(_pump(requests, call))
-        try:
-            async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
-                async for raw in replies:
-                    yield raw
-        finally:
-            pump.cancel()
+        async with self._admitted(context, prompt, opening.open.params):
+            call, member, reply = await self._open(context, prompt, session, first)
+            pump = asyncio.create_task(_pump(requests, call))
+            try:
+                async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
+                    async for raw in replies:
+                        yield raw
+            finally:
+                pump.cancel()
 
     async def Generate(self, raw: bytes, context):
         request = _parse(pb.GenerateRequest, raw)
         if request is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "undecodable GenerateRequest")
         metadata = self._upstream_metadata(context)
-        call, member, reply = await self._open(
-            context, list(request.prompt_ids),
-            lambda m: m.channel.unary_stream(VERIFIER_METHOD + "Generate")(raw, metadata=metadata))
-        async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
-            async for piece in replies:
-                yield piece
+        async with self._admitted(context, list(request.prompt_ids), request.params):
+            call, member, reply = await self._open(
+                context, list(request.prompt_ids),
+                lambda m: m.channel.unary_stream(VERIFIER_METHOD + "Generate")(raw, metadata=metadata))
+            async with contextlib.aclosing(self._relay(context, call, member, reply)) as replies:
+                async for piece in replies:
+                    yield piece
 
     async def _relay(self, context, call, member: Member, reply: bytes):
         """The verifier's replies, from its first, ended as the verifier ended them. Close it (aclosing) so
