@@ -91,7 +91,7 @@ def test_the_operators_commands_reach_a_tls_router(certs, capsys):
         code, out, _ = run_in_process(capsys, "health", v.target, "--tls-ca", str(certs / "ca.pem"),
                                       "--tls-server-name", "localhost")
         assert code == 0, out
-        code, out, _ = run_in_process(capsys, "health", router.target, "--timeout-s", "2")  # plaintext
+        code, out, _ = run_in_process(capsys, "health", router.target, "--timeout-s", "10")  # plaintext
         assert code == 1 and "UNAVAILABLE" in out, out
 
 
