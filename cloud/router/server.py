@@ -69,10 +69,10 @@ async def start_router(config: RouterConfig) -> RunningRouter:
     ))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    address = f"{config.host}:{config.port}"
-    port = tls.add_port(server, address, config.tls_cert, config.tls_key, config.tls_client_ca)
+    listen = f"{config.host}:{config.port}"
+    port = tls.add_port(server, listen, config.tls_cert, config.tls_key, config.tls_client_ca)
     if port == 0:
-        raise OSError(f"cannot listen on {address}")
+        raise OSError(f"cannot listen on {listen}")
     await server.start()
     for address in filter(None, (a.strip() for a in config.verifiers.split(","))):
         fleet.add(address)
