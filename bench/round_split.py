@@ -16,7 +16,9 @@ decoding).
 
 `--shape NAME` serves random weights of a bench/gpu_bench.py shape (for a GPU machine, which has no weights);
 `--floor-ms H` serves from a bare gRPC server instead that holds each round H ms: what gRPC alone costs
-between the two processes with that pause between rounds (`outside the hold`).
+between the two processes with that pause between rounds (`outside the hold`). `--tls tls|mutual` makes a
+CA and certificates (bench/certs.py) and serves TLS or mutual TLS, the client presenting its certificate in
+the second: what encryption adds to a round and to the verifier's CPU.
 """
 
 from __future__ import annotations
@@ -27,11 +29,32 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 
 LEGS = ("send -> parsed", "parsed -> submitted", "submitted -> step", "step", "step -> verdict built",
         "verdict built -> client")
+
+
+def serving_tls(args) -> tuple[str | None, str | None, str | None]:
+    """The child's certificate, key and client CA (None where plaintext, or no client CA)."""
+    if args.tls == "plain":
+        return None, None, None
+    d = Path(args.tls_dir)
+    return str(d / "server.pem"), str(d / "server.key"), str(d / "ca.pem") if args.tls == "mutual" else None
+
+
+def client_channel(args):
+    from specedge.edge.transport import ChannelConfig
+
+    if args.tls == "plain":
+        return ChannelConfig()
+    d = Path(args.tls_dir)
+    mutual = args.tls == "mutual"
+    return ChannelConfig(tls_ca=str(d / "ca.pem"), tls_cert=str(d / "client.pem") if mutual else None,
+                         tls_key=str(d / "client.key") if mutual else None)
 
 
 def timed(marks: list[float], fn):
@@ -47,8 +70,9 @@ def serve(args) -> None:
     from specedge.cloud.config import ServerConfig
     from specedge.cloud.launch import EmbeddedVerifier
 
+    cert, key, client_ca = serving_tls(args)
     config = ServerConfig(model=args.model, port=0, max_new_tokens=args.rounds + 8, device=args.device,
-                          dtype=args.dtype, compile=args.compile)
+                          dtype=args.dtype, compile=args.compile, tls_cert=cert, tls_key=key, tls_client_ca=client_ca)
     hf_and_tokenizer = None
     if args.shape:  # random weights of a real architecture, served by token ids (a GPU machine has no weights)
         from specedge.bench.gpu_bench import random_model
@@ -88,7 +112,7 @@ def serve(args) -> None:
     verifier.stop()
 
 
-def serve_floor(hold_ms: float) -> None:
+def serve_floor(hold_ms: float, tls_files: tuple[str | None, str | None, str | None]) -> None:
     """The child of `--floor-ms`: a bare gRPC server (none of the service, scheduler or engine) that answers each
     tree with the same verdict after holding its core `hold_ms`, as a step would: what loopback gRPC between
     these processes costs with the same pause between rounds."""
@@ -96,7 +120,7 @@ def serve_floor(hold_ms: float) -> None:
 
     import grpc
 
-    from specedge.common import wire
+    from specedge.common import tls, wire
     from specedge.common.cost_model import CostModel
     from specedge.protos import verifier_pb2 as pb
 
@@ -125,7 +149,7 @@ def serve_floor(hold_ms: float) -> None:
         handlers = {"Session": grpc.stream_stream_rpc_method_handler(session),
                     "GetInfo": grpc.unary_unary_rpc_method_handler(get_info)}
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("specedge.v1.Verifier", handlers),))
-        port = server.add_insecure_port("127.0.0.1:0")
+        port = tls.add_port(server, "127.0.0.1:0", *tls_files)
         await server.start()
         print(f"127.0.0.1:{port}", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes it
@@ -155,18 +179,31 @@ def main() -> None:
                     help="serve from a bare gRPC server that holds each round this long instead (see serve_floor)")
     ap.add_argument("--generate", action="store_true", help="also the verifier's CPU a token of server-side "
                     "decoding (the Generate RPC), outside its steps")
+    ap.add_argument("--tls", choices=("plain", "tls", "mutual"), default="plain",
+                    help="serve plaintext, TLS, or mutual TLS (certificates made for the run)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child's role
+    ap.add_argument("--tls-dir", default="", help=argparse.SUPPRESS)  # the child's: where the certificates are
     args = ap.parse_args()
     if args.serve:
-        return serve_floor(args.floor_ms) if args.floor_ms else serve(args)
+        return serve_floor(args.floor_ms, serving_tls(args)) if args.floor_ms else serve(args)
+    with tempfile.TemporaryDirectory() as tls_dir:
+        if args.tls != "plain":
+            from specedge.bench.certs import make_certs
 
+            make_certs(Path(tls_dir), ("server", "client"))
+        args.tls_dir = tls_dir
+        measure(args)
+
+
+def measure(args) -> None:
     from specedge.common.draft_tree import DraftTree
     from specedge.common.params import SamplingParams
     from specedge.edge.transport import RemoteVerifier
 
     client_cpu, verifier_cpu = (int(c) for c in args.pin.split(",")) if args.pin else (None, None)
     pin = None if verifier_cpu is None else lambda: os.sched_setaffinity(0, {verifier_cpu})
-    child = subprocess.Popen([sys.executable, __file__, "--serve", *sys.argv[1:]], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, __file__, "--serve", "--tls-dir", args.tls_dir, *sys.argv[1:]],
+                             stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     if client_cpu is not None:
         os.sched_setaffinity(0, {client_cpu})
@@ -174,7 +211,7 @@ def main() -> None:
         target = child.stdout.readline().strip()
         prompt = list(range(100, 164))
         for rep in range(args.reps):
-            verifier = RemoteVerifier(target)
+            verifier = RemoteVerifier(target, client_channel(args))
             session = verifier.open(prompt, SamplingParams(max_new_tokens=args.rounds + 4))
             sent, got, held = [], [], []
             for _ in range(args.rounds):

@@ -34,7 +34,8 @@ def test_a_served_rounds_legs_are_each_measured():
     assert all(got[total] > 0 for total in ["step", "outside the step", *host])
 
 
-def test_the_bare_grpc_floor_holds_each_round_and_reports_what_is_outside_the_hold():
-    got = legs("--floor-ms", "5")
+@pytest.mark.parametrize("tls", ["plain", "mutual"])
+def test_the_bare_grpc_floor_holds_each_round_and_reports_what_is_outside_the_hold(tls):
+    got = legs("--floor-ms", "5", "--tls", tls)
     assert set(got) == {"outside the hold"}
     assert got["outside the hold"] > 0
