@@ -1,7 +1,8 @@
 """Verifier replicas as Ray actors (cloud/ray/) on a local Ray instance, with the real default model: each
 replica is a normal gRPC verifier that registers with the router; two serve concurrent clients, and scaling
 2 -> 3 -> 1 while they generate (the removed replicas drain: their sessions move) loses no session and
-changes no output; the controller autoscales on sessions per replica (clock injected)."""
+changes no output; the controller autoscales on sessions per replica (clock injected); a replica serves and
+registers over mutual TLS, as `specedge ray up` with the TLS flags starts it."""
 
 from __future__ import annotations
 
@@ -88,6 +89,28 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
         wait_for(lambda: in_pool(router) == 1, "the drained replicas to leave the pool")
         ray.get(controller.shutdown.remote())
         client.close()
+
+
+def test_a_replica_registers_and_serves_over_mutual_tls_on_every_hop(ray_instance, certs):
+    from test_cluster_tls import edge, serving, to_verifiers
+
+    from specedge.cloud.ray.controller import start_controller
+    from specedge.edge.generation import generate
+
+    ray = ray_instance
+    with EmbeddedRouter(RouterConfig(port=0, **serving(certs, "router", mutual=True), **to_verifiers(certs))) \
+            as router:
+        config = ServerConfig(port=0, kv_pool_mb=64, threads=1, register=router.target,
+                              register_tls_ca=str(certs / "ca.pem"), **serving(certs, "server", mutual=True))
+        controller = start_controller(config, num_cpus=1, num_gpus=0, autoscaler=None)
+        assert len(ray.get(controller.scale.remote(1))) == 1
+        wait_for(lambda: in_pool(router) == 1, "the replica to register over TLS")
+        (replica,) = [m.address for m in router.call(router.fleet.pool)]
+        params = SamplingParams(max_new_tokens=24)
+        relayed = generate(RemoteVerifier(router.target, edge(certs)).open([3, 4, 5, 6], params)).token_ids
+        direct = generate(RemoteVerifier(replica, edge(certs)).open([3, 4, 5, 6], params)).token_ids
+        assert relayed == direct and len(relayed) == 24
+        ray.get(controller.shutdown.remote())
 
 
 def test_the_controller_autoscales_on_sessions_per_replica_with_an_injected_clock(ray_instance):
