@@ -54,7 +54,12 @@ SHAPES = {
     "llama-8b": lambda: _llama(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                                num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                                tie_word_embeddings=False, rope_theta=500000.0),
+    # Not a real model: a pass that costs next to nothing on a CPU, to measure what a verifier's host pays
+    # around a fast (GPU) pass (bench/round_split.py --shape tiny); left out of the default sweep.
+    "tiny": lambda: _llama(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0),
 }
+REAL_SHAPES = [name for name in SHAPES if name != "tiny"]
 TREE_TOKENS = [0, 1, 3, 7, 15, 31, 63, 127, 255]  # draft nodes; a pass computes one more (the root)
 SESSIONS = [1, 2, 4, 8, 16, 32, 64]
 TREE_PER_SESSION = [0, 4, 8, 16, 32]
@@ -282,7 +287,7 @@ def measure_shape(name: str, device: torch.device, dtype: torch.dtype, args) -> 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shapes", default=",".join(SHAPES))
+    p.add_argument("--shapes", default=",".join(REAL_SHAPES))
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--contexts", default="512,2048", help="tokens of context per session (the first: for the "

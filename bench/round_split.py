@@ -18,7 +18,10 @@ decoding).
 `--floor-ms H` serves from a bare gRPC server instead that holds each round H ms: what gRPC alone costs
 between the two processes with that pause between rounds (`outside the hold`). `--tls tls|mutual` makes a
 CA and certificates (bench/certs.py) and serves TLS or mutual TLS, the client presenting its certificate in
-the second: what encryption adds to a round and to the verifier's CPU.
+the second: what encryption adds to a round and to the verifier's CPU. `--clients N` (N > 1): N clients at
+once, each on its own connection, their rounds batched into the verifier's steps; reported is then only the
+verifier's CPU outside its steps, per session round (and per token of N concurrent `Generate` streams), and
+the sessions a step held: what a host pays per session when it serves many.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -179,6 +183,7 @@ def main() -> None:
                     help="serve from a bare gRPC server that holds each round this long instead (see serve_floor)")
     ap.add_argument("--generate", action="store_true", help="also the verifier's CPU a token of server-side "
                     "decoding (the Generate RPC), outside its steps")
+    ap.add_argument("--clients", type=int, default=1, help="clients at once (> 1: the verifier's CPU only)")
     ap.add_argument("--tls", choices=("plain", "tls", "mutual"), default="plain",
                     help="serve plaintext, TLS, or mutual TLS (certificates made for the run)")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the child's role
@@ -209,6 +214,8 @@ def measure(args) -> None:
         os.sched_setaffinity(0, {client_cpu})
     try:
         target = child.stdout.readline().strip()
+        if args.clients > 1:
+            return measure_many(args, child, target)
         prompt = list(range(100, 164))
         for rep in range(args.reps):
             verifier = RemoteVerifier(target, client_channel(args))
@@ -246,6 +253,55 @@ def measure(args) -> None:
     finally:
         child.stdin.close()
         child.wait(timeout=60)
+
+
+def measure_many(args, child: subprocess.Popen, target: str) -> None:
+    """`--clients N`: N clients' rounds (then N Generate streams) at once; the verifier's CPU outside its steps
+    per session round (per token), and the sessions per step."""
+    from specedge.common.draft_tree import DraftTree
+    from specedge.common.params import SamplingParams
+    from specedge.edge.transport import RemoteVerifier
+
+    def at_once(work) -> list:
+        results: list = [None] * args.clients
+        ready = threading.Barrier(args.clients)
+
+        def run(k: int) -> None:
+            verifier = RemoteVerifier(target, client_channel(args))
+            prompt = [100 + k, *range(101, 164)]  # a prompt of each client's own: no shared prefix
+            ready.wait()
+            results[k] = work(verifier, prompt)
+            verifier.close()
+
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(args.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return results
+
+    def rounds(verifier, prompt) -> int:
+        session = verifier.open(prompt, SamplingParams(max_new_tokens=args.rounds + 4))
+        for _ in range(args.rounds):
+            session.step(DraftTree.empty())
+        session.close()
+        return args.rounds
+
+    def decoded(verifier, prompt) -> int:
+        return sum(len(t) for t in verifier.server_generate(prompt, SamplingParams(max_new_tokens=args.rounds)))
+
+    ask_marks(child)  # what the child did while starting is left out
+    for rep in range(args.reps):
+        parts = []
+        for what, work in [("a session round", rounds), ("a Generate token", decoded)][: 1 + args.generate]:
+            start = time.perf_counter()
+            done = sum(at_once(work))
+            wall = time.perf_counter() - start
+            marks = ask_marks(child)
+            outside = marks["process cpu"][0] - sum(marks["step cpu"])
+            parts.append(f"verifier CPU outside the step {what} {outside / done * 1e3:.2f} ms "
+                         f"({done / len(marks['step']):.1f} sessions a step, {done / wall:.0f} a second)")
+        print(f"rep {rep}, {args.clients} clients: " + ", ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from specedge.cloud.config import ServerConfig
 from specedge.cloud.engine import Engine
 from specedge.cloud.identity import Identities, read_token_file
 from specedge.cloud.kv_pool import KVPoolExhausted
+from specedge.cloud.loop_futures import LoopFutures
 from specedge.cloud.metrics import VerifierMetrics
 from specedge.cloud.requests import StepOutcome
 from specedge.cloud.scheduler import VerifyScheduler
@@ -74,6 +75,7 @@ class VerifierService:
         self._interruptible_work: set[asyncio.Future] = set()  # what sessions await, cancelled when they move
         self.on_drain: list = []  # called when draining starts (the server reports NOT_SERVING)
         self._loop = asyncio.get_running_loop()  # the server's: state above changes only on it
+        self._answers = LoopFutures(self._loop)  # the scheduler's answers, a step's in one wake-up
 
     # ---- RPCs -------------------------------------------------------------------------------------
 
@@ -380,7 +382,7 @@ class VerifierService:
         """The scheduler's answer, unless a drain moves the session first: then its work is dropped (nothing
         it would commit has reached the client, which replays from what it has) and the stream ends."""
         try:
-            return await self._interruptible(asyncio.wrap_future(future))
+            return await self._interruptible(self._answers.wrap(future))
         except (_Abort, asyncio.CancelledError):  # moved, or the client went away: drop the work
             self._drop(future)
             raise
@@ -400,7 +402,7 @@ class VerifierService:
 
     async def _await(self, future):
         try:
-            return await asyncio.wrap_future(future)
+            return await self._answers.wrap(future)
         except Exception as e:
             raise _scheduler_error(e)
 

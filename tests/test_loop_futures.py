@@ -1,0 +1,52 @@
+"""cloud/loop_futures.py: the scheduler's answers reach the server's event loop with their outcome (result,
+error, cancellation, both ways), and a step's many answers cost the loop one wake-up, not one each."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import Future
+
+import pytest
+
+from specedge.cloud.loop_futures import LoopFutures
+
+
+def test_every_outcome_arrives_and_a_cancelled_waiter_cancels_the_schedulers_future():
+    async def main():
+        futures = LoopFutures(asyncio.get_running_loop())
+        answered, failed, dropped, abandoned = Future(), Future(), Future(), Future()
+        waiters = [futures.wrap(f) for f in (answered, failed, dropped, abandoned)]
+        waiters[3].cancel()  # the handler stops waiting (a drain, a client gone): the request is cancelled
+        await asyncio.sleep(0)
+        assert abandoned.cancelled()
+        threading.Thread(target=lambda: (answered.set_result(7), failed.set_exception(ValueError("no")),
+                                         dropped.cancel())).start()
+        assert await waiters[0] == 7
+        with pytest.raises(ValueError, match="no"):
+            await waiters[1]
+        with pytest.raises(asyncio.CancelledError):
+            await waiters[2]
+        done = Future()
+        done.set_result("already")  # answered before it was wrapped
+        assert await futures.wrap(done) == "already"
+
+    asyncio.run(main())
+
+
+def test_a_steps_answers_set_on_another_thread_wake_the_loop_once():
+    async def main():
+        loop = asyncio.get_running_loop()
+        wake_ups = []
+        call_soon_threadsafe = loop.call_soon_threadsafe
+        loop.call_soon_threadsafe = lambda *a, **k: (wake_ups.append(a), call_soon_threadsafe(*a, **k))[1]
+        futures = LoopFutures(loop)
+        answers = [Future() for _ in range(16)]
+        waiters = [futures.wrap(f) for f in answers]
+        stepper = threading.Thread(target=lambda: [f.set_result(i) for i, f in enumerate(answers)])
+        stepper.start()
+        stepper.join()  # the loop is busy meanwhile (here: blocked), as it is while a step's answers come
+        assert await asyncio.gather(*waiters) == list(range(16))
+        assert len(wake_ups) == 1
+
+    asyncio.run(main())
