@@ -1,15 +1,18 @@
-"""The scheduler's answers handed to the server's event loop, many to one wake-up.
+"""The scheduler's answers handed to the server's event loop, a step's in one wake-up.
 
 `asyncio.wrap_future` makes each answer wake the loop on its own: a write to the loop's self-pipe from the
-scheduler's thread, which also lets the loop's thread take the GIL from it mid-step. A step that answers
-sixteen sessions did that sixteen times. Here the first answer of a step schedules one hand-over and the
-others join it while it has not yet run."""
+scheduler's thread, where the loop's thread also takes the GIL from it, runs what the answer wakes and only
+then gives it back. A step that answered sixteen sessions did that up to sixteen times. Here the answers
+given inside `answering()` (the scheduler gives a step's that way) are handed over together when it ends;
+one given outside it is handed over at once."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 
 class LoopFutures:
@@ -19,6 +22,8 @@ class LoopFutures:
         self._loop = loop
         self._lock = threading.Lock()
         self._ready: list[tuple[asyncio.Future, Future]] = []  # answered, not yet handed over
+        self._holding = 0  # answering() blocks under way
+        self._scheduled = False  # a hand-over is on the loop's way
 
     def wrap(self, future: Future) -> asyncio.Future:
         waiter = self._loop.create_future()
@@ -26,18 +31,40 @@ class LoopFutures:
         future.add_done_callback(lambda f: self._answered(waiter, f))
         return waiter
 
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Answers given inside are handed over together, when the block ends."""
+        with self._lock:
+            self._holding += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holding -= 1
+                schedule = self._should_schedule()
+            if schedule:
+                self._schedule()
+
+    def _should_schedule(self) -> bool:  # under the lock
+        if self._holding or self._scheduled or not self._ready:
+            return False
+        self._scheduled = True
+        return True
+
+    def _schedule(self) -> None:
+        if not self._loop.is_closed():  # closed: the server has stopped and nobody waits
+            self._loop.call_soon_threadsafe(self._hand_over)
+
     def _answered(self, waiter: asyncio.Future, future: Future) -> None:  # on whichever thread answered
-        if self._loop.is_closed():  # the server has stopped: nobody waits
-            return
         with self._lock:
             self._ready.append((waiter, future))
-            first = len(self._ready) == 1
-        if first:
-            self._loop.call_soon_threadsafe(self._hand_over)
+            schedule = self._should_schedule()
+        if schedule:
+            self._schedule()
 
     def _hand_over(self) -> None:
         with self._lock:
-            ready, self._ready = self._ready, []
+            ready, self._ready, self._scheduled = self._ready, [], False
         for waiter, future in ready:
             if waiter.done():  # cancelled meanwhile
                 continue

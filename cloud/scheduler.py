@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 
 from specedge.cloud.acceptance import Verdict
@@ -66,18 +67,21 @@ class StepStats:
 class VerifyScheduler:
     def __init__(self, engine: Engine, limits: StepLimits = StepLimits(), gather_ms: float = 2.0,
                  on_step: Callable[[StepStats], None] | None = None, own_thread: bool = True,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 answering: Callable[[], AbstractContextManager] = nullcontext) -> None:
         """Engine steps run on a thread of the scheduler's own, or (`own_thread=False`) on the thread that
         calls `run()`: best the one that loaded the model. Torch's OpenMP pool belongs to the first
         thread that used it; a second thread running parallel kernels makes libgomp stop spinning and
         every kernel waits for its workers to wake (measured: 55 -> 100 ms per SmolLM2 decode step).
-        `on_failure` is called, on the scheduler's thread, with the error that ended it."""
+        `on_failure` is called, on the scheduler's thread, with the error that ended it. A step's answers
+        are given inside `answering()`, for a waiter that hands them on together (cloud/loop_futures.py)."""
         self.engine = engine
         self.limits = limits
         self.gather_s = gather_ms / 1e3
         self.costs = CostTracker.for_device(engine.device)
         self.on_step = on_step
         self.on_failure = on_failure
+        self.answering = answering
         self.failure: BaseException | None = None  # what ended the scheduler, if an error did
         self.active_sessions = 0  # open sequences
         self._progress = PoolProgress()
@@ -280,17 +284,18 @@ class VerifyScheduler:
         cost = self.costs.model()
         next_max = max(0, self.limits.max_batch_tokens // max(1, self.active_sessions) - 1)
         self._due.clear()
-        for item, verdict in zip(batch, verdicts):
-            request = item.request
-            outcome = StepOutcome(verdict, len(item.tree), (start - request.submitted) * 1e3, ms,
-                                  cost.at_load(step_tokens - item.tokens), self.active_sessions, next_max,
-                                  item.cached_prompt_tokens)
-            if not request.future.set_running_or_notify_cancel():  # nobody waits for it any more
-                if isinstance(request, OpenRequest):
-                    self._release(item.seq)
-                continue
-            request.future.set_result((item.seq, outcome) if isinstance(request, OpenRequest) else outcome)
-            self._due.add(item.seq.seq_id)
+        with self.answering():
+            for item, verdict in zip(batch, verdicts):
+                request = item.request
+                outcome = StepOutcome(verdict, len(item.tree), (start - request.submitted) * 1e3, ms,
+                                      cost.at_load(step_tokens - item.tokens), self.active_sessions, next_max,
+                                      item.cached_prompt_tokens)
+                if not request.future.set_running_or_notify_cancel():  # nobody waits for it any more
+                    if isinstance(request, OpenRequest):
+                        self._release(item.seq)
+                    continue
+                request.future.set_result((item.seq, outcome) if isinstance(request, OpenRequest) else outcome)
+                self._due.add(item.seq.seq_id)
         if self.on_step is not None:
             self.on_step(StepStats(len(batch), prefills, step_tokens, ms))
 

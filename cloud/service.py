@@ -63,8 +63,11 @@ class VerifierService:
         self.metrics = VerifierMetrics(model.engine.pool)
         self.cache_watchers = CacheWatchers(model.engine.pool)  # before the scheduler changes the pool
         limits = StepLimits(config.max_batch_tokens, config.admission_timeout_s)
+        self._loop = asyncio.get_running_loop()  # the server's: this service's state changes only on it
+        self._answers = LoopFutures(self._loop)  # the scheduler's answers, a step's in one wake-up
         self.scheduler = VerifyScheduler(model.engine, limits, config.gather_ms, on_step=self.metrics.on_step,
-                                         own_thread=scheduler_thread, on_failure=self._scheduler_failed)
+                                         own_thread=scheduler_thread, on_failure=self._scheduler_failed,
+                                         answering=self._answers.answering)
         tokens = read_token_file(config.auth_tokens) if config.auth_tokens else {}
         relays = frozenset(r.strip() for r in config.trusted_relays.split(",") if r.strip())
         self.identities = Identities(tokens, relays)  # whom the per-client limits count against
@@ -74,8 +77,6 @@ class VerifierService:
         self.migrating = False  # live sessions leave now (a round in flight is dropped)
         self._interruptible_work: set[asyncio.Future] = set()  # what sessions await, cancelled when they move
         self.on_drain: list = []  # called when draining starts (the server reports NOT_SERVING)
-        self._loop = asyncio.get_running_loop()  # the server's: state above changes only on it
-        self._answers = LoopFutures(self._loop)  # the scheduler's answers, a step's in one wake-up
 
     # ---- RPCs -------------------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -34,18 +35,44 @@ def test_every_outcome_arrives_and_a_cancelled_waiter_cancels_the_schedulers_fut
     asyncio.run(main())
 
 
-def test_a_steps_answers_set_on_another_thread_wake_the_loop_once():
+def counting_wake_ups(loop: asyncio.AbstractEventLoop) -> list:
+    wake_ups = []
+    call_soon_threadsafe = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a, **k: (wake_ups.append(a), call_soon_threadsafe(*a, **k))[1]
+    return wake_ups
+
+
+def test_a_steps_answers_given_inside_answering_wake_the_loop_once_though_it_is_free_to_run():
     async def main():
-        loop = asyncio.get_running_loop()
-        wake_ups = []
-        call_soon_threadsafe = loop.call_soon_threadsafe
-        loop.call_soon_threadsafe = lambda *a, **k: (wake_ups.append(a), call_soon_threadsafe(*a, **k))[1]
-        futures = LoopFutures(loop)
+        futures = LoopFutures(asyncio.get_running_loop())
+        wake_ups = counting_wake_ups(asyncio.get_running_loop())
+        answers = [Future() for _ in range(16)]
+        waiters = [futures.wrap(f) for f in answers]
+
+        def step() -> None:
+            with futures.answering():
+                for i, f in enumerate(answers):
+                    f.set_result(i)
+                    time.sleep(0.001)  # the loop could run in between: nothing wakes it
+
+        stepper = threading.Thread(target=step)
+        stepper.start()
+        assert await asyncio.gather(*waiters) == list(range(16))
+        stepper.join()
+        assert len(wake_ups) == 1
+
+    asyncio.run(main())
+
+
+def test_answers_given_while_the_loop_is_busy_wake_it_once():
+    async def main():
+        futures = LoopFutures(asyncio.get_running_loop())
+        wake_ups = counting_wake_ups(asyncio.get_running_loop())
         answers = [Future() for _ in range(16)]
         waiters = [futures.wrap(f) for f in answers]
         stepper = threading.Thread(target=lambda: [f.set_result(i) for i, f in enumerate(answers)])
         stepper.start()
-        stepper.join()  # the loop is busy meanwhile (here: blocked), as it is while a step's answers come
+        stepper.join()  # the loop is blocked meanwhile: the first answer's hand-over takes them all
         assert await asyncio.gather(*waiters) == list(range(16))
         assert len(wake_ups) == 1
 
