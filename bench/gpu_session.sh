@@ -11,7 +11,7 @@
 # `bash bench/gpu_session.sh round-split` (a second call: the first nearly fills one call's 600 s) times a
 # served round's legs instead, with the verifier in its own process (bench/round_split.py): SmolLM2's shape
 # compiled (and the host's CPU a round and a decoded token), and a bare gRPC server holding each round for as
-# long as SmolLM2's pass, the floor beside it.
+# long as SmolLM2's pass, the floor beside it; last, the host's CPU per session round with 16 clients at once.
 #
 # GPU_BENCH_ARGS overrides the sweep's arguments (by default with compiled layers, as `specedge serve` runs on a
 # GPU; Gemma 3's shape in place of the 1B's, whose compiled timings run 9 has and Gemma's compiled layers lack);
@@ -35,9 +35,11 @@ python3 -c "import torch, transformers, grpc; print('torch', torch.__version__, 
 'grpc', grpc.__version__)"
 
 if [ "${1:-}" = round-split ]; then
-    timeout 300 python3 bench/round_split.py --shape smollm2-135m --device cuda --dtype bfloat16 --compile on \
+    timeout 240 python3 bench/round_split.py --shape smollm2-135m --device cuda --dtype bfloat16 --compile on \
         --rounds 200 --reps 3 --generate 2>&1 | tee "$OUT/round-split.log" | grep -v "^W" | tail -4
-    timeout 120 python3 bench/round_split.py --floor-ms 3 --rounds 400 --reps 3 2>&1 | tee -a "$OUT/round-split.log" | tail -3
+    timeout 100 python3 bench/round_split.py --floor-ms 3 --rounds 400 --reps 3 2>&1 | tee -a "$OUT/round-split.log" | tail -3
+    timeout 200 python3 bench/round_split.py --shape smollm2-135m --device cuda --dtype bfloat16 --compile on \
+        --clients 16 --rounds 200 --reps 2 --generate 2>&1 | tee -a "$OUT/round-split.log" | grep "^rep"
     exit 0
 fi
 
