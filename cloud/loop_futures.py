@@ -52,8 +52,10 @@ class LoopFutures:
         return True
 
     def _schedule(self) -> None:
-        if not self._loop.is_closed():  # closed: the server has stopped and nobody waits
+        try:
             self._loop.call_soon_threadsafe(self._hand_over)
+        except RuntimeError:  # the loop is closed: the server has stopped and nobody waits
+            pass
 
     def _answered(self, waiter: asyncio.Future, future: Future) -> None:  # on whichever thread answered
         with self._lock:

@@ -77,3 +77,13 @@ def test_answers_given_while_the_loop_is_busy_wake_it_once():
         assert len(wake_ups) == 1
 
     asyncio.run(main())
+
+
+def test_answers_after_the_loop_has_closed_are_dropped_quietly():
+    loop = asyncio.new_event_loop()
+    futures = LoopFutures(loop)
+    answer = Future()
+    futures.wrap(answer)
+    loop.close()  # the server stopped while a step was under way
+    with futures.answering():
+        answer.set_result(1)  # nobody waits: no error reaches the scheduler
