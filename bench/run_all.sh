@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Every benchmark behind BENCHMARKS.md sections 2, 3, 6, 7, 8 and 9 (its CPU side), one after another (run nothing else
-# meanwhile: the machine has 2 cores). About 4.5 hours on a 2-core CPU. Outputs go to bench-out/.
+# Every benchmark behind BENCHMARKS.md sections 2, 3, 5 (TLS), 6, 7, 8 and 9 (its CPU side), one after another
+# (run nothing else meanwhile: the machine has 2 cores). About 4.5 hours on a 2-core CPU. Outputs go to bench-out/.
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
 #                                               model-drafting model-mix model-replay hints-cost hints-main
 #                                               hints-other hints-replay edge-network gpu-refs gpu-projection
+#                                               host-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -12,7 +13,7 @@ mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix model-replay \
-  hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection)
+  hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection host-cpu)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -87,6 +88,15 @@ for step in "${steps[@]}"; do
       for cost in ${HINTS_REPLAY_COSTS:-cpu flat}; do
         $BIN/python bench/replay.py $OUT/hints-main/runs.jsonl --chat --hints model --cost $cost --by-source \
           --drafters retrieval:no-hints,retrieval
+      done ;;
+    host-cpu)  # sections 5 and 9: a served round's cost to the verifier's host: TLS against plaintext; 1 and 16
+      # clients, SmolLM2 and the tiny stand-in for a GPU's short step (bench/round_split.py)
+      for tls in plain tls mutual; do
+        $BIN/python bench/round_split.py --rounds 150 --reps 3 --pin 0,1 --generate --tls $tls | tee $OUT/host-cpu-$tls.txt
+      done
+      for shape in "" "--shape tiny"; do
+        $BIN/python bench/round_split.py --clients 16 --rounds 200 --reps 2 --pin 0,1 --generate $shape \
+          | tee -a $OUT/host-cpu-16.txt
       done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
