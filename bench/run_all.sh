@@ -12,8 +12,8 @@ OUT=bench-out
 mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix model-replay \
-  hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection host-cpu)
+[ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix \
+  model-replay hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection host-cpu)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -92,7 +92,8 @@ for step in "${steps[@]}"; do
     host-cpu)  # sections 5 and 9: a served round's cost to the verifier's host: TLS against plaintext; 1 and 16
       # clients, SmolLM2 and the tiny stand-in for a GPU's short step (bench/round_split.py)
       for tls in plain tls mutual; do
-        $BIN/python bench/round_split.py --rounds 150 --reps 3 --pin 0,1 --generate --tls $tls | tee $OUT/host-cpu-$tls.txt
+        $BIN/python bench/round_split.py --rounds 150 --reps 3 --pin 0,1 --generate --tls $tls \
+          | tee $OUT/host-cpu-$tls.txt
       done
       for shape in "" "--shape tiny"; do
         $BIN/python bench/round_split.py --clients 16 --rounds 200 --reps 2 --pin 0,1 --generate $shape \
