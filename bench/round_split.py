@@ -208,8 +208,7 @@ def measure(args) -> None:
     client_cpu, verifier_cpu = (int(c) for c in args.pin.split(",")) if args.pin else (None, None)
     pin = None if verifier_cpu is None else lambda: os.sched_setaffinity(0, {verifier_cpu})
     child = subprocess.Popen([sys.executable, __file__, "--serve", "--tls-dir", args.tls_dir, *sys.argv[1:]],
-                             stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, preexec_fn=pin)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=pin)
     if client_cpu is not None:
         os.sched_setaffinity(0, {client_cpu})
     try:
