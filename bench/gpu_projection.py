@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specedge.bench.model_hints import ModelHints
 from specedge.bench.replay import Recorded, ReplaySession, recorded_hints
 from specedge.common.cost_model import CostModel
 from specedge.common.hints import DEFAULT_HINTS_TOP_K
@@ -54,19 +55,21 @@ def single_session_costs(shape: dict, hints: int) -> dict[int, CostModel]:
 
 
 def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints: dict | None,
-           round_ms: float = 0.0) -> list[dict]:
+           round_ms: float = 0.0, model_hints: ModelHints | None = None) -> list[dict]:
     """Per prompt: tokens after the first pass, passes, tree nodes, the edge's ms and pass ms (cost_of(context)
-    prices each pass); `hints`: the target's recorded top k per output position (None: no hints); `round_ms`:
-    what each round costs besides pass and edge, as the verdicts report it to the tree-size controller."""
+    prices each pass); `hints`: the target's recorded top k per output position (None: no hints); `model_hints`:
+    every verified node's hints from the target instead; `round_ms`: what each round
+    costs besides pass and edge, as the verdicts report it to the tree-size controller."""
     drafter = make_drafter(drafter_name, max_nodes=max_tree, tokenizer=recorded.tokenizer, eos_ids=recorded.eos_ids)
     controller = TreeSizeController(max_tree)
     out = []
     for p in recorded.prompts:
         ids = recorded.prompt_ids[p.id]
         cost = cost_of(len(ids))
-        given = hints.get(p.id) if hints is not None and hints_wanted(drafter) else None
+        wants = hints_wanted(drafter) > 0
         session = ReplaySession(ids, recorded.refs[p.id], len(recorded.hf_tokenizer), cost, rtt_ms=round_ms,
-                                hints=given)
+                                hints=hints.get(p.id) if hints is not None and wants else None,
+                                model_hints=model_hints if wants else None)
         observe_ms: list[float] = []
         # A drafter's `learn` (RetrievalDrafter.learn) is left out: where the session sends without waiting, as a
         # remote verifier's does, the generation loop calls it while the verdict is on its way.
@@ -114,9 +117,11 @@ def main() -> None:
     ap.add_argument("--chat", action="store_true", help="the prompts in the model's chat template (as the run had)")
     ap.add_argument("--drafter", default="retrieval")
     ap.add_argument("--max-tree", type=int, default=64, help="most nodes per tree, one client")
-    ap.add_argument("--hints", action="store_true",
-                    help="verdicts carry the verifier's hints as far as the recorded output tells them (replay.py's "
-                         "`--hints on-path`), and passes cost what the GPU measured with hints")
+    ap.add_argument("--hints", choices=("on-path", "model"), default=None,
+                    help="verdicts carry the verifier's hints, and passes cost what the GPU measured with hints. "
+                         "on-path: as far as the recorded output tells them (the root's and accepted nodes' rows); "
+                         "model: the target computes every verified node's row on this CPU, as a verifier does "
+                         "(one real forward per pass: tens of minutes, kept for the next run: bench/model_hints.py)")
     ap.add_argument("--round-ms", type=float, default=0.0,
                     help="add this to every round for its way to the verifier and back besides the pass (gRPC, the "
                          "scheduler's hand-offs: bench/round_split.py's `outside the step`); 0 leaves it out")
@@ -129,19 +134,22 @@ def main() -> None:
     gpu = json.loads(args.gpu.read_text())
     shapes = {s["shape"]: s for s in gpu["shapes"]}
     recorded = Recorded.load(args.runs, args.model, args.chat)
-    hints = recorded_hints(args.runs, args.model, recorded.prompt_ids, recorded.refs) if args.hints else None
+    hints = recorded_hints(args.runs, args.model, recorded.prompt_ids, recorded.refs) \
+        if args.hints == "on-path" else None
+    model_hints = ModelHints.beside(args.runs, args.model) if args.hints == "model" else None
     hint_tokens = DEFAULT_HINTS_TOP_K if args.hints else 0
     results = {"gpu": gpu["info"], "runs": str(args.runs), "model": args.model, "drafter": args.drafter,
-               "hints": hint_tokens, "round_ms": args.round_ms, "host_ms": args.host_ms,
+               "hints": hint_tokens, "hints_from": args.hints, "round_ms": args.round_ms, "host_ms": args.host_ms,
                "prompts": len(recorded.prompts), "shapes": {}}
     print(f"{len(recorded.prompts)} recorded prompts of {args.model}; GPU: {gpu['info']}")
+    capped: dict[int, list[dict]] = {}  # tokens a session's pass -> replay with trees of that size
     for name in (args.shapes or args.model).split(","):
         shape = shapes[name]
         costs, plain = single_session_costs(shape, hint_tokens), single_session_costs(shape, 0)
         if not costs:
             raise SystemExit(f"{args.gpu} has no one-session costs of {name} with {hint_tokens} hint tokens")
         nearest = lambda context, costs=costs: costs[min(costs, key=lambda c: abs(c - context))]  # noqa: E731
-        rows = replay(recorded, args.drafter, args.max_tree, nearest, hints, args.round_ms)
+        rows = replay(recorded, args.drafter, args.max_tree, nearest, hints, args.round_ms, model_hints)
         for r in rows:  # plain decoding: a one-token pass per token, no hints
             r["plain_ms"] = r["tokens"] * nearest(r["context"], plain).ms(0)
         single = {}
@@ -167,7 +175,10 @@ def main() -> None:
         host_round_ms, host_token_ms = args.host_ms
         many = {"server_ar_tok_s": CLIENTS / max(plain_steps[1], CLIENTS * host_token_ms) * 1e3, "by_tree": {}}
         for tokens_each in sorted(t for t in steps if t > 1):
-            rows_t = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints, args.round_ms)
+            if tokens_each not in capped:  # the same trees whatever the shape: every tree is at its cap
+                capped[tokens_each] = replay(recorded, args.drafter, tokens_each - 1, lambda _: flat, hints,
+                                             args.round_ms, model_hints)
+            rows_t = capped[tokens_each]
             per_step = sum(r["tokens"] for r in rows_t) / sum(r["passes"] for r in rows_t)
             edge_ms = sum(r["edge_ms"] for r in rows_t) / sum(r["passes"] for r in rows_t)
             cycle_ms = max(steps[tokens_each] + edge_ms + args.round_ms, CLIENTS * host_round_ms)

@@ -11,7 +11,8 @@ recorded output can tell them: the target's top k at every position of the outpu
 prompt with the model (cached next to runs.jsonl), give the rows of the root and of every accepted node;
 rejected and unreached nodes get no row (a real verifier computes theirs too, in contexts the output never
 had), so the replay sees fewer hints than a real run. `--hints model`: the model computes every row, as a
-verifier does (one real forward per pass: ~15 minutes for 12 prompts on a 2-core CPU, not seconds).
+verifier does (one real forward per pass: ~15 minutes for 12 prompts on a 2-core CPU), kept beside the runs
+for the next replay that sends the same trees (bench/model_hints.py).
 
 With --timed each pass takes its modelled time (plus --rtt-ms) in real time, in a thread, as a remote
 verifier's would: drafting models then pay their real drafting time and do their work during the pass
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specedge.bench import specbench
+from specedge.bench.model_hints import ModelHints
 from specedge.bench.perturbed import MARK, perturb
 from specedge.cloud.acceptance import Verdict
 from specedge.cloud.config import ServerConfig
@@ -68,13 +70,14 @@ class ReplaySession:
     (and, `timed`, take that long, plus `rtt_ms`)."""
 
     def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel,
-                 timed: bool = False, rtt_ms: float = 0.0, hints: Hints | None = None, engine=None) -> None:
-        """`hints`: row j is the target's top tokens for output position j; `engine`: compute every node's
-        row with it instead (None and None: verdicts carry no hints)."""
+                 timed: bool = False, rtt_ms: float = 0.0, hints: Hints | None = None,
+                 model_hints: ModelHints | None = None) -> None:
+        """`hints`: row j is the target's top tokens for output position j; `model_hints`: every node's row
+        from the model instead (None and None: verdicts carry no hints)."""
         self.prompt_ids, self.output, self.vocab_size, self.cost = list(prompt_ids), list(output), vocab_size, cost
         self.params = SamplingParams(max_new_tokens=len(output))
-        self.hints, self.engine = hints, engine
-        self.seq = engine.add_sequence(prompt_ids, self.params) if engine is not None else None
+        self.hints = hints
+        self.model_hints = model_hints.open(prompt_ids) if model_hints is not None else None
         self.max_tree_tokens = 1 << 30
         self.timed, self.rtt_ms = timed, rtt_ms
         self.done = 0
@@ -104,13 +107,9 @@ class ReplaySession:
             tokens.append(want)
         tokens.append(self.output[self.done + len(tokens)])  # the bonus token
         hints = None
-        if self.seq is not None:  # every row, from a real forward; the recorded tokens are committed
-            from specedge.cloud.hints import top_k_hints
-
-            (logits,) = self.engine.forward([(self.seq, tree)])
-            hints = top_k_hints(logits, DEFAULT_HINTS_TOP_K)
-            self.engine.pool.truncate(self.seq.seq_id, self.seq.num_cached)
-            self.seq.token_ids.extend(tokens)
+        if self.model_hints is not None:  # every row, from the model
+            hints = self.model_hints.rows(tree)
+            self.model_hints.commit(tokens)
         elif self.hints is not None:  # the root's row and the accepted nodes' rows; the others are unknown here
             on_path = {node: self.done + 1 + a for a, node in enumerate(accepted)}
             rows = [self.done] + [on_path.get(i, -1) for i in range(len(tree))]
@@ -125,9 +124,9 @@ class ReplaySession:
         return self.cost
 
     def close(self) -> None:
-        if self.seq is not None:
-            self.engine.release(self.seq)
-            self.seq = None
+        if self.model_hints is not None:
+            self.model_hints.close()
+            self.model_hints = None
 
 
 class PipelinedReplaySession(ReplaySession):
@@ -163,7 +162,7 @@ class PipelinedReplaySession(ReplaySession):
         client_nodes = list(range(len(tree)))
         if fill_tokens > 0:
             if self._filler is None:
-                top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.seq is not None else 0
+                top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.model_hints is not None else 0
                 self._filler = VerifierDrafter(self.prompt_ids, self.params, top_k, self.output[: self.done],
                                                self._warm)
             # (one token of the budget left over, as the service leaves it)
@@ -300,12 +299,7 @@ def main() -> None:
     tokenizer, hf_tokenizer, eos_ids = recorded.tokenizer, recorded.hf_tokenizer, recorded.eos_ids
     cost = CostModel(tuple((n, args.base_ms * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
     hints = recorded_hints(args.runs, args.model, prompt_ids, refs) if args.hints == "on-path" else {}
-    engine = None
-    if args.hints == "model":
-        from specedge.cloud.engine import Engine
-        from specedge.cloud.model_registry import load_model
-
-        engine = Engine.from_hf_model(load_model(args.model)[0], kv_pool_bytes=256 << 20)
+    model_hints = ModelHints.beside(args.runs, args.model) if args.hints == "model" else None
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
     # Timed rows carry the round trip, plain decoding's too (bench/category_intervals.py pairs rows by it).
     network = {"rtt_ms": args.rtt_ms} if args.timed else {}
@@ -327,7 +321,7 @@ def main() -> None:
             ids = prompt_ids[p.id]
             wants = hints_wanted(drafter) > 0
             session_args = (ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
-                            hints.get(p.id) if wants else None, engine if wants else None)
+                            hints.get(p.id) if wants else None, model_hints if wants else None)
             if args.timed and not args.serial:
                 session = PipelinedReplaySession(*session_args, warm=warm)
             else:

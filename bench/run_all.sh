@@ -81,7 +81,7 @@ for step in "${steps[@]}"; do
       $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-smollm2-135m.jsonl --model smollm2-135m --chat \
         --shapes smollm2-135m,llama-1b,llama-8b --out $OUT/projection-smollm2-135m.json
       $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-smollm2-135m.jsonl --model smollm2-135m --chat \
-        --shapes smollm2-135m,llama-1b,llama-8b --hints --out $OUT/projection-smollm2-135m-hints.json
+        --shapes smollm2-135m,llama-1b,llama-8b --hints on-path --out $OUT/projection-smollm2-135m-hints.json
       $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-gemma3-270m.jsonl --model gemma3-270m \
         --shapes gemma3-270m --out $OUT/projection-gemma3-270m.json ;;
     hints-replay)  # section 7: tokens per pass with every node's hints from the model, CPU and free passes

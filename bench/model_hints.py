@@ -1,0 +1,104 @@
+"""Every verified node's hints from the target model, as a verifier computes them, for replays
+(bench/replay.py and bench/gpu_projection.py, `--hints model`).
+
+Computing them costs one real forward per pass on this CPU: about a quarter of an hour for a replay of 12
+prompts. What a pass's hints are depends only on the committed text and the tree, so they are kept in a file
+(`{runs stem}.model-hints-k{k}.json` beside the recorded runs) keyed by both: a replay whose drafter sends the
+trees an earlier replay sent reads them instead, in seconds. A change to the drafter that must not change its
+trees (a faster edge) is then timed at no model cost, and a change that does change them pays only for the
+trees that are new.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from specedge.common.draft_tree import DraftTree
+from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
+from specedge.common.params import SamplingParams
+
+
+class ModelHints:
+    """The target's hints on every node of a pass, computed once and cached by (committed text, tree)."""
+
+    def __init__(self, model: str, cache: Path | None, top_k: int = DEFAULT_HINTS_TOP_K) -> None:
+        """`cache`: the file to read and extend (None: nothing kept)."""
+        self.model, self.cache, self.top_k = model, cache, top_k
+        self.known: dict[str, list] = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
+        self.computed = self.read = 0
+        self._engine = None
+        self._unsaved = 0
+
+    @classmethod
+    def beside(cls, runs: Path, model: str, top_k: int = DEFAULT_HINTS_TOP_K) -> ModelHints:
+        return cls(model, runs.with_name(f"{runs.stem}.model-hints-k{top_k}.json"), top_k)
+
+    def open(self, prompt_ids: list[int]) -> PromptHints:
+        return PromptHints(self, prompt_ids)
+
+    def engine(self):
+        if self._engine is None:
+            from specedge.cloud.engine import Engine
+            from specedge.cloud.model_registry import load_model
+
+            self._engine = Engine.from_hf_model(load_model(self.model)[0], kv_pool_bytes=256 << 20)
+        return self._engine
+
+    def save(self) -> None:
+        """Write what was computed since the last save (atomically: an interrupted replay loses nothing kept)."""
+        if self.cache is None or not self._unsaved:
+            return
+        tmp = self.cache.with_name(self.cache.name + f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.known))
+        os.replace(tmp, self.cache)
+        self._unsaved = 0
+
+    def _remember(self, key: str, hints: Hints) -> None:
+        self.known[key] = [hints.ids, hints.probs]
+        self.computed += 1
+        self._unsaved += 1
+
+
+class PromptHints:
+    """One prompt's passes, in order: `rows` for a tree hung off the committed text, then `commit`."""
+
+    def __init__(self, owner: ModelHints, prompt_ids: list[int]) -> None:
+        self.owner = owner
+        self.committed = list(prompt_ids)
+        self._prompt_digest = hashlib.sha1(json.dumps(prompt_ids).encode()).hexdigest()[:16]
+        self._seq = None  # the engine's sequence, made at the first pass not in the cache
+
+    def rows(self, tree: DraftTree) -> Hints:
+        """The target's top k at the tree's root and at every node."""
+        key = f"{self._prompt_digest}:{len(self.committed)}:{tree.tokens}:{tree.parents}"
+        if (known := self.owner.known.get(key)) is not None:
+            self.owner.read += 1
+            return Hints(*known)
+        from specedge.cloud.hints import top_k_hints
+
+        engine = self.owner.engine()
+        if self._seq is None:
+            self._seq = engine.add_sequence(self.committed, SamplingParams(max_new_tokens=1 << 20))
+        (logits,) = engine.forward([(self._seq, tree)])
+        engine.pool.truncate(self._seq.seq_id, self._seq.num_cached)  # the tree's slots: nothing is committed
+        hints = top_k_hints(logits, self.owner.top_k)
+        self.owner._remember(key, hints)
+        return hints
+
+    def commit(self, tokens: list[int]) -> None:
+        self.committed.extend(tokens)
+        if self._seq is not None:  # computed at its next forward, if there is one
+            self._seq.token_ids.extend(tokens)
+
+    def close(self) -> None:
+        if self._seq is not None:
+            self.owner.engine().release(self._seq)
+            self._seq = None
+        self.owner.save()
+        if self.owner.computed:
+            print(f"model hints: {self.owner.computed} passes computed, {self.owner.read} read from "
+                  f"{self.owner.cache}", file=sys.stderr)
