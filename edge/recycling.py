@@ -58,21 +58,35 @@ class RecyclingTable:
     def update(self, contexts: list[tuple[int, ...]], hints: Hints) -> None:
         """Row r of `hints` was computed after a text ending in contexts[r] (its last tokens, at most
         CONTEXT, the row's own token last). Where a row is given twice, the later one stays."""
-        known = [r for r, (context, ids) in enumerate(zip(contexts, hints.ids)) if ids and context[-1] >= 0]
-        if not known:
-            return  # rows nobody computed (the replay's off-path nodes)
-        ids = np.full((len(known), self.k), -1, dtype=np.int64)
-        probs = np.zeros((len(known), self.k))
-        for j, r in enumerate(known):  # one slice assignment per row: rows may be shorter than k
-            row = hints.ids[r][: self.k]
-            ids[j, : len(row)], probs[j, : len(row)] = row, hints.probs[r][: len(row)]
+        k = self.k
+        tokens = [context[-1] for context in contexts]
+        if not tokens:
+            return
+        if set(map(len, hints.ids)) == {k} and min(tokens) >= 0:  # every row full, as a verifier's: no loop
+            known: range | list[int] = range(len(contexts))
+            ids, probs = np.array(hints.ids, dtype=np.int64), np.array(hints.probs, dtype=np.float64)
+        else:
+            known = [r for r, (token, ids) in enumerate(zip(tokens, hints.ids)) if ids and token >= 0]
+            if not known:
+                return  # rows nobody computed (the replay's off-path nodes)
+            ids = np.full((len(known), k), -1, dtype=np.int64)
+            probs = np.zeros((len(known), k))
+            for j, r in enumerate(known):  # one slice assignment per row: rows may be shorter than k
+                row = hints.ids[r][:k]
+                ids[j, : len(row)], probs[j, : len(row)] = row, hints.probs[r][: len(row)]
+            tokens = [tokens[r] for r in known]
         fits = (ids >= 0) & (ids < 1 << _TOKEN_BITS)  # (no vocabulary is larger: an id beyond is dropped)
-        packed = np.where(fits, ids << 8 | np.rint(np.clip(probs, 0.0, 1.0) * 255).astype(np.int64), -1)
-        packed = np.take_along_axis(packed, np.argsort(~fits, axis=1, kind="stable"), axis=1).astype(np.int32)
-        tokens = np.asarray([contexts[r][-1] for r in known])
-        self._grow_to(int(tokens.max()) + 1)
-        self.tokens += int((self._rows[np.unique(tokens), 0] < 0).sum())
-        self._rows[tokens] = packed
+        probs = np.rint(np.minimum(np.maximum(probs, 0.0), 1.0) * 255).astype(np.int64)
+        packed = np.where(fits, ids << 8 | probs, -1)
+        if not fits.all():  # the ones that fit first, in their order
+            packed = np.take_along_axis(packed, np.argsort(~fits, axis=1, kind="stable"), axis=1)
+        packed = packed.astype(np.int32)
+        self._grow_to(max(tokens) + 1)
+        at = np.asarray(tokens)
+        new = self._rows[at, 0] < 0
+        if new.any():
+            self.tokens += len({t for t, is_new in zip(tokens, new.tolist()) if is_new})
+        self._rows[at] = packed
         for n in range(2, CONTEXT + 1):
             rows, slots = [], []
             for j, r in enumerate(known):
@@ -121,6 +135,10 @@ class RecyclingTable:
 
 def _key(tokens: tuple[int, ...]) -> int | None:
     """One int for a context of tokens (its length in the top bits); None if a token does not fit."""
+    if len(tokens) == 2:  # every context key, while CONTEXT is 2: unrolled (a draft makes ~60 a round)
+        a, b = tokens
+        return (2 << _TOKEN_BITS | a) << _TOKEN_BITS | b if 0 <= a < 1 << _TOKEN_BITS and 0 <= b < 1 << _TOKEN_BITS \
+            else None
     key = len(tokens)
     for t in tokens:
         if not 0 <= t < 1 << _TOKEN_BITS:
