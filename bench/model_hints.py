@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+from specedge.common.cache import locked
 from specedge.common.draft_tree import DraftTree
 from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
 from specedge.common.params import SamplingParams
@@ -31,7 +32,7 @@ class ModelHints:
         self.known: dict[str, list] = json.loads(cache.read_text()) if cache is not None and cache.exists() else {}
         self.computed = self.read = 0
         self._engine = None
-        self._unsaved = 0
+        self._unsaved: dict[str, list] = {}
 
     @classmethod
     def beside(cls, runs: Path, model: str, top_k: int = DEFAULT_HINTS_TOP_K) -> ModelHints:
@@ -49,18 +50,22 @@ class ModelHints:
         return self._engine
 
     def save(self) -> None:
-        """Write what was computed since the last save (atomically: an interrupted replay loses nothing kept)."""
+        """Add what was computed since the last save to the file, with what other replays added meanwhile
+        (under a lock, written atomically: replays may run side by side, or be interrupted)."""
         if self.cache is None or not self._unsaved:
             return
-        tmp = self.cache.with_name(self.cache.name + f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.known))
-        os.replace(tmp, self.cache)
-        self._unsaved = 0
+        with locked(self.cache.with_name(self.cache.name + ".lock")):
+            on_file = json.loads(self.cache.read_text()) if self.cache.exists() else {}
+            on_file.update(self._unsaved)
+            tmp = self.cache.with_name(self.cache.name + f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(on_file))
+            os.replace(tmp, self.cache)
+        self.known.update(on_file)
+        self._unsaved = {}
 
     def _remember(self, key: str, hints: Hints) -> None:
-        self.known[key] = [hints.ids, hints.probs]
+        self.known[key] = self._unsaved[key] = [hints.ids, hints.probs]
         self.computed += 1
-        self._unsaved += 1
 
 
 class PromptHints:

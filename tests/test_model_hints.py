@@ -59,3 +59,13 @@ def test_a_tree_at_another_committed_length_is_not_read_from_the_cache(tmp_path)
     prompt.rows(SECOND)
     prompt.close()
     assert other.computed == 1 and other.read == 0
+
+
+def test_replays_side_by_side_keep_what_each_computed(tmp_path):
+    cache = tmp_path / "hints.json"
+    one, other = ModelHints("smollm2-135m", cache), ModelHints("smollm2-135m", cache)  # both start from nothing
+    passes(one)
+    prompt = other.open(PROMPT)
+    prompt.rows(SECOND)  # another tree at the prompt's end: saved after `one` saved its two
+    prompt.close()
+    assert len(ModelHints("smollm2-135m", cache).known) == 3
