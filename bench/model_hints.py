@@ -1,8 +1,8 @@
 """Every verified node's hints from the target model, as a verifier computes them, for replays
 (bench/replay.py and bench/gpu_projection.py, `--hints model`).
 
-Computing them costs one real forward per pass on this CPU: about a quarter of an hour for a replay of 12
-prompts. What a pass's hints are depends only on the committed text and the tree, so they are kept in a file
+Computing them costs one real forward per pass on this CPU (the committed text's KV is kept between passes).
+What a pass's hints are depends only on the committed text and the tree, so they are kept in a file
 (`{runs stem}.model-hints-k{k}.json` beside the recorded runs) keyed by both: a replay whose drafter sends the
 trees an earlier replay sent reads them instead, in seconds. A change to the drafter that must not change its
 trees (a faster edge) is then timed at no model cost, and a change that does change them pays only for the
@@ -88,8 +88,13 @@ class PromptHints:
         engine = self.owner.engine()
         if self._seq is None:
             self._seq = engine.add_sequence(self.committed, SamplingParams(max_new_tokens=1 << 20))
-        (logits,) = engine.forward([(self._seq, tree)])
-        engine.pool.truncate(self._seq.seq_id, self._seq.num_cached)  # the tree's slots: nothing is committed
+        seq = self._seq
+        (logits,) = engine.forward([(seq, tree)])
+        # The committed tokens now have their KV: keep it (the next pass computes only what this one's verdict
+        # commits), and free the tree's slots.
+        seq.num_cached = len(seq.token_ids)
+        engine.pool.truncate(seq.seq_id, seq.num_cached)
+        engine.pool.commit(seq.seq_id, seq.token_ids)
         hints = top_k_hints(logits, self.owner.top_k)
         self.owner._remember(key, hints)
         return hints

@@ -11,7 +11,7 @@ recorded output can tell them: the target's top k at every position of the outpu
 prompt with the model (cached next to runs.jsonl), give the rows of the root and of every accepted node;
 rejected and unreached nodes get no row (a real verifier computes theirs too, in contexts the output never
 had), so the replay sees fewer hints than a real run. `--hints model`: the model computes every row, as a
-verifier does (one real forward per pass: ~15 minutes for 12 prompts on a 2-core CPU), kept beside the runs
+verifier does (one real forward per pass: a few minutes for 12 prompts on a 2-core CPU), kept beside the runs
 for the next replay that sends the same trees (bench/model_hints.py).
 
 With --timed each pass takes its modelled time (plus --rtt-ms) in real time, in a thread, as a remote
