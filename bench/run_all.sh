@@ -4,7 +4,7 @@
 #   bash bench/run_all.sh [STEP...]     steps: past spec-main serving shared-doc spec-other drafting
 #                                               model-drafting model-mix model-replay hints-cost hints-main
 #                                               hints-other hints-replay edge-network gpu-refs gpu-projection
-#                                               host-cpu
+#                                               gpu-projection-hints host-cpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -13,7 +13,8 @@ mkdir -p "$OUT"
 OTHER=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,qa,math_reasoning
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(past spec-main serving shared-doc spec-other drafting model-drafting model-mix \
-  model-replay hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection host-cpu)
+  model-replay hints-cost hints-main hints-other hints-replay edge-network gpu-refs gpu-projection \
+  gpu-projection-hints host-cpu)
 
 for step in "${steps[@]}"; do
   echo "=== $step $(date -u +%H:%M:%S)"
@@ -84,6 +85,20 @@ for step in "${steps[@]}"; do
         --shapes smollm2-135m,llama-1b,llama-8b --hints on-path --out $OUT/projection-smollm2-135m-hints.json
       $BIN/python bench/gpu_projection.py $G/h200-hints.json $G/refs-gemma3-270m.jsonl --model gemma3-270m \
         --shapes gemma3-270m --out $OUT/projection-gemma3-270m.json ;;
+    gpu-projection-hints)  # section 9: every node's hints from the model (bench/model_hints.py, cached beside the
+      # refs: ~20 min the first time, ~1 min a line after), on run 6's costs with and without the hints' measured
+      # cost, and on run 9a's compiled costs without it (a bound: run 9a did not measure hints)
+      G=docs/benchmarks/gpu
+      P="$BIN/python bench/gpu_projection.py"
+      R="$G/refs-smollm2-135m.jsonl --model smollm2-135m --chat --shapes smollm2-135m"
+      for rep in 1 2 3; do
+        $P $G/h200-run6.json $R --out $OUT/projection-run6-$rep.json
+        $P $G/h200-run6.json $R --hints model --out $OUT/projection-run6-model-hints-$rep.json
+        $P $G/h200-run6.json $R --hints model --free-hints --out $OUT/projection-run6-free-hints-$rep.json
+        $P $G/h200-run9a-compiled-smollm2-135m.json $R --out $OUT/projection-run9a-$rep.json
+        $P $G/h200-run9a-compiled-smollm2-135m.json $R --hints model --free-hints \
+          --out $OUT/projection-run9a-free-hints-$rep.json
+      done ;;
     hints-replay)  # section 7: tokens per pass with every node's hints from the model, CPU and free passes
       for cost in ${HINTS_REPLAY_COSTS:-cpu flat}; do
         $BIN/python bench/replay.py $OUT/hints-main/runs.jsonl --chat --hints model --cost $cost --by-source \
