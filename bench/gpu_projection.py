@@ -58,8 +58,8 @@ def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints:
            round_ms: float = 0.0, model_hints: ModelHints | None = None) -> list[dict]:
     """Per prompt: tokens after the first pass, passes, tree nodes, the edge's ms and pass ms (cost_of(context)
     prices each pass); `hints`: the target's recorded top k per output position (None: no hints); `model_hints`:
-    every verified node's hints from the target instead; `round_ms`: what each round
-    costs besides pass and edge, as the verdicts report it to the tree-size controller."""
+    every verified node's hints from the target instead; `round_ms`: what each round costs besides pass and
+    edge, as the verdicts report it to the tree-size controller."""
     drafter = make_drafter(drafter_name, max_nodes=max_tree, tokenizer=recorded.tokenizer, eos_ids=recorded.eos_ids)
     controller = TreeSizeController(max_tree)
     out = []
@@ -121,7 +121,7 @@ def main() -> None:
                     help="verdicts carry the verifier's hints, and passes cost what the GPU measured with hints. "
                          "on-path: as far as the recorded output tells them (the root's and accepted nodes' rows); "
                          "model: the target computes every verified node's row on this CPU, as a verifier does "
-                         "(one real forward per pass: tens of minutes, kept for the next run: bench/model_hints.py)")
+                         "(one real forward per pass: minutes, kept for the next run: bench/model_hints.py)")
     ap.add_argument("--free-hints", action="store_true",
                     help="with --hints, passes cost what the GPU measured without hints: the bound for hints whose "
                          "top k cost the pass nothing (computed inside its graph), not a measurement")
