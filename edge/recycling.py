@@ -59,12 +59,14 @@ class RecyclingTable:
         """Row r of `hints` was computed after a text ending in contexts[r] (its last tokens, at most
         CONTEXT, the row's own token last). Where a row is given twice, the later one stays."""
         k = self.k
-        tokens = [context[-1] for context in contexts]
+        given = min(len(contexts), len(hints.ids))  # (a verdict may carry rows for fewer nodes than were sent)
+        tokens = [context[-1] for context in contexts[:given]]
         if not tokens:
             return
-        if set(map(len, hints.ids)) == {k} and min(tokens) >= 0:  # every row full, as a verifier's: no loop
-            known: range | list[int] = range(len(contexts))
-            ids, probs = np.array(hints.ids, dtype=np.int64), np.array(hints.probs, dtype=np.float64)
+        if set(map(len, hints.ids[:given])) == {k} and min(tokens) >= 0:  # every row full, as a verifier's
+            known: range | list[int] = range(given)
+            ids = np.array(hints.ids[:given], dtype=np.int64)
+            probs = np.array(hints.probs[:given], dtype=np.float64)
         else:
             known = [r for r, (token, ids) in enumerate(zip(tokens, hints.ids)) if ids and token >= 0]
             if not known:

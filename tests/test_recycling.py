@@ -59,6 +59,14 @@ def test_rows_nobody_computed_are_skipped():
     assert read(table, (1, 5)) is None and read(table, (5, 6))[0] == [7, 8]
 
 
+def test_rows_for_fewer_nodes_than_the_contexts_given_are_kept_for_the_nodes_they_cover():
+    # a tree ahead is verified less what the verdict before it committed: its verdict has rows for fewer nodes
+    table = RecyclingTable(k=2)
+    table.update([(1, 5), (5, 6), (6, 7)], rows(([7, 8], [0.5, 0.25]), ([9, 3], [0.5, 0.25])))
+    assert read(table, (1, 5))[0] == [7, 8] and read(table, (5, 6))[0] == [9, 3]
+    assert read(table, (6, 7)) is None and len(table) == 2
+
+
 def test_a_hint_beyond_the_tables_vocabulary_is_dropped_and_the_rest_of_its_row_kept():
     table = RecyclingTable(k=3)
     table.update([(1, 5)], rows(([7, 1 << 20, 8], [0.5, 0.3, 0.1])))
