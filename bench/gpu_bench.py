@@ -26,6 +26,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
 
 from specedge.cloud.engine import Engine
+from specedge.cloud.greedy_readback import GreedyReadback
 from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.padded_attention import pad_groups
@@ -185,14 +186,20 @@ def sessions_breakdown(engine: Engine, sessions: int, tree: int, context: int, r
 
 def hint_ops(device: torch.device, dtype: torch.dtype, rows: int, vocab: int, k: int, reps: int) -> dict:
     """Median ms of each operation of the hints off the CPU (cloud/hints.py top_k_hints_plain) on `rows`
-    random rows of logits, and of the whole, to see which one a step of many sessions with hints pays for."""
+    random rows of logits, and of the whole, to see which one a step of many sessions with hints pays for;
+    then what a greedy step reads back, argmax and hints: as three copies (`separate`, the engine before
+    cloud/greedy_readback.py), packed into one (`readback`), and that compiled (`readback_compiled`)."""
     logits = torch.randn(rows, vocab, device=device, dtype=dtype) * 4
+    eager, compiled = GreedyReadback(), GreedyReadback(compiled=True)
     ops = {
         "float": lambda: logits.float(),
         "topk_fp32": lambda: logits.float().topk(k, dim=-1),
         "topk_native": lambda: logits.topk(k, dim=-1),
         "logsumexp": lambda: torch.logsumexp(logits.float() - logits.float().amax(-1, keepdim=True), dim=-1),
         "whole": lambda: top_k_hints(logits, k),
+        "separate": lambda: (logits.argmax(-1).cpu(), top_k_hints(logits, k)),
+        "readback": lambda: eager(logits, k).hints(0, rows, k),
+        "readback_compiled": lambda: compiled(logits, k).hints(0, rows, k),
     }
     out = {}
     for name, op in ops.items():

@@ -16,6 +16,7 @@ import torch
 from specedge.cloud.acceptance import Verdict, verify_tree
 from specedge.cloud.attention import SeqSlice, StepBatch
 from specedge.cloud.cuda_graphs import GraphedForward
+from specedge.cloud.greedy_readback import GreedyReadback
 from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.models import build_runner
@@ -51,8 +52,13 @@ class Engine:
         # them off and on.
         self.graphs = GraphedForward(runner.forward) if cuda_graphs and self.device.type == "cuda" else None
         self._forward = self.graphs or runner.forward
-        # Sessions' hints from one top-k over all their rows: off the CPU (one transfer instead of one per
-        # session); on the CPU each session's rows are read where they are, without copying them together.
+        # Off the CPU, greedy sessions' verdict rows and hints are computed from the step's logits where they
+        # lie and read back in one transfer (compiled where the layers are); on the CPU they come from the
+        # output layer's int8 argmax (`_verdict_rows`). Tests switch it on the CPU to check its arithmetic.
+        self.read_back_logits = self.device.type != "cpu"
+        self.readback = GreedyReadback(compiled=runner.parts.compiled)
+        # Sampling sessions' hints from one top-k over all their rows: off the CPU (one transfer instead of one
+        # per session); on the CPU each session's rows are read where they are, without copying them together.
         self.batch_hints = self.device.type != "cpu"
         self._ids = itertools.count()
 
@@ -113,21 +119,26 @@ class Engine:
 
         Every sequence must be committed (see `commit`) before its next forward.
         """
-        if not work and not chunks:
-            return []
-        batch, logits_rows = self._device_batch(work, chunks)
-        logits = self._forward(batch, self.pool, logits_rows)
+        logits = self._logits(work, chunks)
         return list(logits.split([len(tree) + 1 for _, tree in work])) if work else []
+
+    def _logits(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
+                ) -> torch.Tensor | None:
+        """`forward`'s logits as one tensor [rows, V], the sequences' rows in order (None without work)."""
+        if not work and not chunks:
+            return None
+        batch, logits_rows = self._device_batch(work, chunks)
+        return self._forward(batch, self.pool, logits_rows)
 
     def _verdict_rows(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
                       ) -> tuple[list[tuple[torch.Tensor | None, torch.Tensor | None]], list[Hints | None]]:
         """The pass: per sequence of `work`, (logits, argmax) on the CPU for its verdict, and its hints. On the
         CPU a greedy sequence gets its rows' argmax alone, from the output layer's int8 argmax
         (cloud/int8_argmax.py), and its hints from the same (`OutputLayer.argmax_and_hints`); a sampling one
-        gets logits. Off the CPU, see `_on_host`."""
-        if self.device.type != "cpu":
-            logits = self.forward(work, chunks)
-            return self._on_host(work, logits), self._hints(work, logits)
+        gets logits. Off the CPU, see `_read_back`."""
+        if self.read_back_logits:
+            logits = self._logits(work, chunks)
+            return self._read_back(work, logits) if work else ([], [])
         if not work and not chunks:
             return [], []
         batch, rows = self._device_batch(work, chunks)
@@ -200,18 +211,34 @@ class Engine:
                 at += n
         return hints
 
-    def _on_host(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]
-                 ) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
-        """(logits, argmax) per sequence on the CPU, for the verdicts. Off the CPU, a greedy sequence brings
-        back only its rows' argmax (at a 128k vocabulary a row of logits is 0.5 MB); a sampling one brings
-        back its logits in float32. One transfer each, whatever the batch."""
-        if self.device.type == "cpu" or not work:
-            return [(rows, None) for rows in logits]
-        needs_logits = [not seq.params.greedy for seq, _ in work]
-        argmax = torch.cat(logits).argmax(-1).cpu().split([len(rows) for rows in logits])
-        full = [rows for rows, needed in zip(logits, needs_logits) if needed]
-        full = iter(torch.cat(full).float().cpu().split([len(rows) for rows in full]) if full else [])
-        return [(next(full), None) if needed else (None, a) for needed, a in zip(needs_logits, argmax)]
+    def _read_back(self, work: list[tuple[Sequence, DraftTree]], logits: torch.Tensor
+                   ) -> tuple[list[tuple[torch.Tensor | None, torch.Tensor | None]], list[Hints | None]]:
+        """`_verdict_rows` from the step's logits [rows, V] where they lie (off the CPU). Greedy sessions get
+        their rows' argmax and hints in one transfer for all of them (at a 128k vocabulary a row of logits is
+        0.5 MB); sampling sessions get their logits in float32, in one more."""
+        sizes = [len(tree) + 1 for _, tree in work]
+        per_session = logits.split(sizes)
+        pairs: list = [None] * len(work)
+        hints: list[Hints | None] = [None] * len(work)
+        greedy = [i for i, (seq, _) in enumerate(work) if seq.params.greedy]
+        if greedy:
+            rows = logits if len(greedy) == len(work) else torch.cat([per_session[i] for i in greedy])
+            back = self.readback(rows, max(work[i][0].hints_top_k for i in greedy))
+            at = 0
+            for i in greedy:
+                seq, end = work[i][0], at + sizes[i]
+                pairs[i] = None, back.argmax(at, end)
+                hints[i] = back.hints(at, end, seq.hints_top_k) if seq.hints_top_k else None
+                at = end
+        sampling = [i for i, (seq, _) in enumerate(work) if not seq.params.greedy]
+        if sampling:
+            full = torch.cat([per_session[i] for i in sampling]).float().cpu().split([sizes[i] for i in sampling])
+            for i, seq_logits in zip(sampling, full):
+                pairs[i] = seq_logits, None
+            asked = self._hints([work[i] for i in sampling], [per_session[i] for i in sampling])
+            for i, seq_hints in zip(sampling, asked):
+                hints[i] = seq_hints
+        return pairs, hints
 
     def _build_batch(self, items: list[tuple[Sequence, DraftTree, int]], logits_for: int
                      ) -> tuple[StepBatch, torch.Tensor]:

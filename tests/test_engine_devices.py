@@ -120,22 +120,32 @@ def test_compiled_layers_keep_greedy_output_equal_to_transformers_generate(arch)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_hints_on_a_device_are_the_cpus(device):
-    """Off the CPU the hints are computed where the logits lie, the sessions' rows together; they name the
-    same tokens as the CPU's, one session at a time (and together, as they are off the CPU)."""
-    prompts = prompts_for(512, seed=2)
-    trees = [DraftTree([5, 6, 7], [-1, 0, -1]), DraftTree.empty(), DraftTree([9], [-1])]
-    hints = []
-    for where, together in (("cpu", False), (device, True)):
+def test_verdicts_and_hints_read_back_from_the_logits_are_the_cpus(device):
+    """Off the CPU a step's verdict rows and hints are computed where the logits lie and read back in one
+    transfer (cloud/greedy_readback.py; switched on here on the CPU too, to check its arithmetic there); they
+    give the same tokens and name the same hints as the CPU's int8 argmax, session by session: greedy sessions
+    asking for different numbers of hints or none, and a sampling one asking too."""
+    prompts = prompts_for(512, seed=2) + prompts_for(512, seed=3)[:1]
+    trees = [DraftTree([5, 6, 7], [-1, 0, -1]), DraftTree.empty(), DraftTree([9], [-1]), DraftTree([3, 4], [-1, 0])]
+    params = [GREEDY, GREEDY, GREEDY, SamplingParams(temperature=0.8, seed=7)]
+    top_k = [4, 0, 2, 3]
+    results = []
+    for where, read_back in (("cpu", False), (device, True)):
         engine = Engine.from_hf_model(tiny("llama"), kv_pool_bytes=8 << 20, block_size=4, device=where,
                                       dtype=torch.float32)
-        assert engine.batch_hints == (where != "cpu")
-        engine.batch_hints = together
-        seqs = [engine.add_sequence(p, GREEDY, hints_top_k=4) for p in prompts]
-        hints.append([v.hints for v in engine.step(list(zip(seqs, trees)))])
-    for on_cpu, on_device, tree in zip(*hints, trees):
-        assert len(on_device.ids) == len(tree) + 1 and on_device.ids == on_cpu.ids
-        assert max(abs(a - b) for x, y in zip(on_cpu.probs, on_device.probs) for a, b in zip(x, y)) <= 1e-4
+        assert engine.read_back_logits == (where != "cpu") and engine.batch_hints == (where != "cpu")
+        engine.read_back_logits = engine.batch_hints = read_back
+        seqs = [engine.add_sequence(p, sp, hints_top_k=k) for p, sp, k in zip(prompts, params, top_k)]
+        results.append(engine.step(list(zip(seqs, trees))))
+    for on_cpu, on_device, tree, k in zip(*results, trees, top_k):
+        assert on_device.tokens == on_cpu.tokens and on_device.accepted == on_cpu.accepted
+        if not k:
+            assert on_cpu.hints is None and on_device.hints is None
+            continue
+        assert len(on_device.hints.ids) == len(tree) + 1
+        assert on_device.hints.ids == on_cpu.hints.ids and {len(row) for row in on_device.hints.ids} == {k}
+        assert max(abs(a - b) for x, y in zip(on_cpu.hints.probs, on_device.hints.probs)
+                   for a, b in zip(x, y)) <= 1e-4
 
 
 @pytest.mark.cuda
