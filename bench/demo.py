@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
             results[drafter] = client.generate(args.prompt, max_new_tokens=args.max_new_tokens, chat=True)
             client.close()
         plain, drafted = results["none"], results["retrieval"]
-        print(f"\nPrompt: {args.prompt}\n\nOutput ({'identical' if plain.token_ids == drafted.token_ids else 'DIFFERENT'}"
-              f" with and without drafting):\n{drafted.text}\n")
+        same = "identical" if plain.token_ids == drafted.token_ids else "DIFFERENT"
+        print(f"\nPrompt: {args.prompt}\n\nOutput ({same} with and without drafting):\n{drafted.text}\n")
         print(f"{'':28}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'tokens/pass':>13}")
         for label, r in (("plain decoding", plain), ("retrieval drafting (edge)", drafted)):
             s = r.stats

@@ -113,7 +113,8 @@ def _markdown(rows: list[dict], concurrency: int) -> str:
         cells = []
         for t in rtts:
             r = by.get((method, t))
-            extra = "" if r is None or r["mean_accepted"] is None else f" ({r['tree_size'] or 0:g}, {r['mean_accepted']:g})"
+            extra = "" if r is None or r["mean_accepted"] is None \
+                else f" ({r['tree_size'] or 0:g}, {r['mean_accepted']:g})"
             cells.append("–" if r is None else f"{r['tokens_per_s']:g}{extra}")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines += ["", "Ratios per round trip (from the medians above):", ""]

@@ -66,7 +66,8 @@ def plot_serving(rows: list[dict], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     rows = [r for r in rows if r["category"] == "all" and r["rtt_ms"] is not None]  # not the in-process baselines
     for (method, rtt) in dict.fromkeys((r["method"], r["rtt_ms"]) for r in rows):
-        pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows if r["method"] == method and r["rtt_ms"] == rtt)
+        pts = sorted((r["concurrency"], r["tokens_per_s"]) for r in rows
+                     if r["method"] == method and r["rtt_ms"] == rtt)
         ax.plot([c for c, _ in pts], [t for _, t in pts], marker="o", label=f"{method} (rtt {rtt:g} ms)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("concurrent edge clients")

@@ -124,7 +124,8 @@ def run(server: VerifierProcess, vocab: int, args: argparse.Namespace) -> None:
                         "rss_mb": round(rss_mb(pid), 1)})
         print(json.dumps(samples[-1]), flush=True)
         time.sleep(args.sample_s)
-    samples.append({"s": round(time.monotonic() - started, 1), "sessions": sessions[0], "rss_mb": round(rss_mb(pid), 1)})
+    samples.append({"s": round(time.monotonic() - started, 1), "sessions": sessions[0],
+                    "rss_mb": round(rss_mb(pid), 1)})
     warm = next((s for s in samples if s["s"] >= 60), samples[0])  # after every client's first sessions
     summary = {"clients": args.clients, "seconds": args.seconds, "malloc_arena_max": args.malloc_arena_max,
                "sessions": sessions[0], "failed": len(errors), "wrong_outputs": len(wrong),

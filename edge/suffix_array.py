@@ -6,7 +6,8 @@ whose group has become a singleton is settled and drops out (Larsson and Sadakan
 Natural text settles most suffixes within a few rounds, so the rounds after those are small; only long
 repeats keep suffixes in play, for log2(repeat length) rounds. Measured here on one core, for the 10M
 tokens of bench/drafting_bench.py (Spec-Bench sentences reshuffled into documents: many repeats): ~7 s,
-where libdivsufsort takes ~1.2 s; the whole datastore builds in ~17 s. The only packaging of libdivsufsort for integer alphabets (`pydivsufsort`) installs
+where libdivsufsort takes ~1.2 s; the whole datastore builds in ~17 s. The only packaging of libdivsufsort
+for integer alphabets (`pydivsufsort`) installs
 12 MB: more than everything else the edge needs beyond numpy and grpcio (BENCHMARKS.md, "Edge start-up").
 """
 

@@ -56,7 +56,8 @@ class RouterProcess:
         script = Path(sys.executable).with_name("specedge")
         self.target = f"127.0.0.1:{port}"
         self.proc = subprocess.Popen([str(script), "router", "--port", str(port), "--health-interval-s", "0.2",
-                                      "--health-timeout-s", "0.5", "--verifiers", ",".join(v.target for v in verifiers)],
+                                      "--health-timeout-s", "0.5",
+                                      "--verifiers", ",".join(v.target for v in verifiers)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: len(self.serving_verifiers()) == len(verifiers), "the router to serve", timeout_s=60)
 
@@ -171,7 +172,8 @@ def test_nothing_is_lost_or_duplicated_while_verifiers_and_the_router_die_and_cl
         if stuck:
             state = {"verifier sessions": [dict(v.service.sessions_by_client) for v in cluster.verifiers],
                      "verifier waiting": [v.service.scheduler.waiting_requests for v in cluster.verifiers]}
-            pytest.fail(f"{len(stuck)} threads still running 60 s after the end ({state}):\n\n" + "\n\n".join(stuck[:1]))
+            pytest.fail(f"{len(stuck)} threads still running 60 s after the end ({state}):\n\n"
+                        + "\n\n".join(stuck[:1]))
         report = {"seconds": CHAOS_S, "clients": CLIENTS, "generations": sum(done), "resumes": sum(resumes),
                   "vanished_clients": vanished[0], "proxy_resets": cluster.proxy.proxy.resets,
                   "failed": len(errors), "wrong_outputs": len(wrong), **cluster.faults}

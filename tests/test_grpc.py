@@ -82,7 +82,8 @@ def test_get_info_describes_model_limits_and_cost(server):
 def test_remote_sessions_give_exactly_the_in_process_output_for_any_drafts(server):
     local = LocalVerifier(server.engine)  # the same engine, driven without the network
     want = generate(local.open(PROMPT, GREEDY)).token_ids
-    for drafts in (None, FunctionDrafter(chain_drafts(PROMPT + want)), FunctionDrafter(lambda c: DraftTree.chain([1, 2]))):
+    wrong = FunctionDrafter(lambda c: DraftTree.chain([1, 2]))
+    for drafts in (None, FunctionDrafter(chain_drafts(PROMPT + want)), wrong):
         got = generate(RemoteVerifier(server.target).open(PROMPT, GREEDY), drafter=drafts)
         assert got.token_ids == want
     oracle = generate(RemoteVerifier(server.target).open(PROMPT, GREEDY),
@@ -195,8 +196,9 @@ BAD_SESSIONS = {
     "infinite proposal probability": ([opening(temperature=1), pb.SessionRequest(draft=pb.DraftTree(
         tokens=[1], parents=[-1], proposals=[pb.Proposal(parent=-1, token_ids=[1, 2], probs=[float("inf"), 0])]))],
         grpc.StatusCode.INVALID_ARGUMENT, "finite"),
-    "100,000-character client_id": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, client_id="x" * 100_000))],
-                                    grpc.StatusCode.INVALID_ARGUMENT, "at most 128"),
+    "100,000-character client_id": (
+        [pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, client_id="x" * 100_000))],
+        grpc.StatusCode.INVALID_ARGUMENT, "at most 128"),
     "client_id with a newline": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT, client_id="a\nb"))],
                                  grpc.StatusCode.INVALID_ARGUMENT, "printable"),
     "10,000-character fingerprint": ([pb.SessionRequest(open=pb.OpenSession(prompt_ids=PROMPT,
@@ -421,7 +423,8 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs):
         with pytest.raises(grpc.RpcError) as err:
             RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem")))
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        mutual = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem"), tls_cert=str(certs / "client.pem"),
+        mutual = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem"),
+                                                        tls_cert=str(certs / "client.pem"),
                                                         tls_key=str(certs / "client.key")))
         assert len(generate(mutual.open(PROMPT, GREEDY)).token_ids) == GREEDY.max_new_tokens
 
@@ -429,7 +432,8 @@ def test_mutual_tls_refuses_clients_without_a_certificate(certs):
 def test_under_mutual_tls_the_limits_count_the_certificate_holder(certs):
     with tiny_verifier(tls_cert=str(certs / "server.pem"), tls_key=str(certs / "server.key"),
                        tls_client_ca=str(certs / "ca.pem"), max_sessions_per_client=1) as s:
-        mutual = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem"), tls_cert=str(certs / "client.pem"),
+        mutual = RemoteVerifier(s.target, ChannelConfig(tls_ca=str(certs / "ca.pem"),
+                                                        tls_cert=str(certs / "client.pem"),
                                                         tls_key=str(certs / "client.key")))
         held = mutual.open(PROMPT, GREEDY, client_id="one")
         held.step(DraftTree.empty())

@@ -142,7 +142,8 @@ def test_the_dockerfile_command_serves_and_generate_connects_as_separate_process
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["text"].startswith(" Paris")
-        denied = subprocess.run([str(script), "generate", "hi", "--server", f"127.0.0.1:{port}", "--max-new-tokens", "4"],
+        denied = subprocess.run([str(script), "generate", "hi", "--server", f"127.0.0.1:{port}",
+                                 "--max-new-tokens", "4"],
                                 capture_output=True, text=True, timeout=300)
         assert denied.returncode != 0 and "UNAUTHENTICATED" in denied.stderr
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()

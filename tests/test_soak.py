@@ -3,8 +3,8 @@ a verifier whose KV pool holds at most a quarter of them (tiny model, real gRPC 
 well, badly or not at all; a session the pool cannot take now is told when to come back and resumes
 (edge/resume.py). Every session must end with its solo greedy output, none may fail, the pool stays
 within its budget, no thread outlives its session, and Python's allocated memory does not grow with the
-sessions served after each client's first (the process's RSS is reported, not asserted: see RELIABILITY.md); each session's
-latency is recorded (p50/p99 printed, and written to SOAK_REPORT as JSON when that is set)."""
+sessions served after each client's first (the process's RSS is reported, not asserted: see RELIABILITY.md);
+each session's latency is recorded (p50/p99 printed, and written to SOAK_REPORT as JSON when that is set)."""
 
 from __future__ import annotations
 
