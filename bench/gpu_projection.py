@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from specedge.bench.gpu_costs import nearest_context, single_session_costs
 from specedge.bench.model_hints import ModelHints
 from specedge.bench.replay import Recorded, ReplaySession, recorded_hints
 from specedge.common.cost_model import CostModel
@@ -43,15 +44,6 @@ from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
 
 CLIENTS = 16
-
-
-def single_session_costs(shape: dict, hints: int) -> dict[int, CostModel]:
-    """context -> cost by tree tokens (a pass computes tree tokens + 1), one session per step."""
-    by_context: dict[int, list] = {}
-    for r in shape["by_tree_tokens"]:
-        if r.get("hints", 0) == hints:
-            by_context.setdefault(r["context"], []).append((r["tokens"] - 1, r["ms"]))
-    return {c: CostModel(tuple(sorted(points))) for c, points in by_context.items()}
 
 
 def replay(recorded: Recorded, drafter_name: str, max_tree: int, cost_of, hints: dict | None,
@@ -154,10 +146,10 @@ def main() -> None:
         costs, plain = single_session_costs(shape, hint_tokens), single_session_costs(shape, 0)
         if not costs:
             raise SystemExit(f"{args.gpu} has no one-session costs of {name} with {hint_tokens} hint tokens")
-        nearest = lambda context, costs=costs: costs[min(costs, key=lambda c: abs(c - context))]  # noqa: E731
+        nearest, nearest_plain = nearest_context(costs), nearest_context(plain)
         rows = replay(recorded, args.drafter, args.max_tree, nearest, hints, args.round_ms, model_hints)
         for r in rows:  # plain decoding: a one-token pass per token, no hints
-            r["plain_ms"] = r["tokens"] * nearest(r["context"], plain).ms(0)
+            r["plain_ms"] = r["tokens"] * nearest_plain(r["context"]).ms(0)
         single = {}
         for cat in sorted({r["category"] for r in rows}) + ["all"]:
             mine = [r for r in rows if cat in ("all", r["category"])]

@@ -40,10 +40,12 @@ import statistics
 import sys
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specedge.bench import specbench
+from specedge.bench.gpu_costs import pass_costs
 from specedge.bench.model_hints import ModelHints
 from specedge.bench.perturbed import MARK, perturb
 from specedge.cloud.acceptance import Verdict
@@ -155,6 +157,9 @@ class PipelinedReplaySession(ReplaySession):
 
     def send(self, tree: DraftTree, root_length: int | None = None, fill_tokens: int = 0) -> None:
         sent_at = time.perf_counter()
+        if root_length and self.done >= len(self.output):  # ahead of the verdict that ended it: an empty verdict
+            self._verdicts.append((sent_at + self.rtt_ms / 1e3, StepResult(tokens=[], accepted=[], compute_ms=0.0)))
+            return
         prefill_ms = self._prefill_ms()
         tree = DraftTree(tree.tokens, tree.parents, tree.proposals, tree.accept_probs)  # as the wire carries it
         if root_length:
@@ -265,7 +270,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", type=Path, help="runs.jsonl of a `specedge bench` run that included `ar`")
     ap.add_argument("--drafters", default="retrieval,suffix",
-                    help="comma-separated; NAME~ is an A/A copy of NAME (bench/perturbed.py)")
+                    help="comma-separated; NAME~ is an A/A copy of NAME (bench/perturbed.py), NAME@N sends N nodes "
+                         "a round (a fixed tree size, as `specedge bench --tree-size N`)")
     ap.add_argument("--max-tree", type=int, default=MAX_TREE_NODES)
     ap.add_argument("--model", default="smollm2-135m", help="the target (its tokenizer)")
     ap.add_argument("--chat", action="store_true", help="the prompts in the model's chat template (as the run had)")
@@ -290,20 +296,26 @@ def main() -> None:
                          "verified and the nodes accepted per round")
     ap.add_argument("--by-source", action="store_true",
                     help="also print, per retrieval drafter, its nodes' acceptance by source and depth")
-    ap.add_argument("--cost", choices=("cpu", "flat"), default="cpu",
-                    help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior), or flat (every "
-                         "tree costs one plain pass: a GPU-like verifier, where small trees are nearly free)")
+    ap.add_argument("--cost", default="cpu", metavar="cpu|flat|gpu:FILE:SHAPE",
+                    help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior, scaled to --base-ms), "
+                         "flat (every tree costs one plain pass), or what a GPU measured for SHAPE, one session at "
+                         "the context nearest the prompt's (bench/gpu_bench.py's JSON; with --hints, its passes "
+                         "with hints): plain decoding then costs that shape's one-token pass, not --base-ms")
     args = ap.parse_args()
     recorded = Recorded.load(args.runs, args.model, args.chat, args.categories, args.skip_per_category)
     prompts, prompt_ids, refs = recorded.prompts, recorded.prompt_ids, recorded.refs
     tokenizer, hf_tokenizer, eos_ids = recorded.tokenizer, recorded.hf_tokenizer, recorded.eos_ids
-    cost = CostModel(tuple((n, args.base_ms * (r if args.cost == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
+    cost_of = replay_costs(args.cost, args.base_ms, DEFAULT_HINTS_TOP_K if args.hints else 0)
     hints = recorded_hints(args.runs, args.model, prompt_ids, refs) if args.hints == "on-path" else {}
     model_hints = ModelHints.beside(args.runs, args.model) if args.hints == "model" else None
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
     # Timed rows carry the round trip, plain decoding's too (bench/category_intervals.py pairs rows by it).
     network = {"rtt_ms": args.rtt_ms} if args.timed else {}
-    rows = [generation_row("ar", p, refs[p.id], (len(refs[p.id]) - 1) * args.base_ms) | network for p in prompts]
+    plain_ms = {p.id: cost_of(len(prompt_ids[p.id])).ms(0) for p in prompts}  # plain decoding's pass
+    rows = [generation_row("ar", p, refs[p.id], (len(refs[p.id]) - 1) * plain_ms[p.id]) | network for p in prompts]
+    if args.timed and args.rtt_ms:  # a remote client asking for one token a round trip (modelled, not replayed)
+        rows += [generation_row("remote-ar", p, refs[p.id], (len(refs[p.id]) - 1) * (plain_ms[p.id] + args.rtt_ms))
+                 | network for p in prompts]
     by_source: dict[str, dict] = {}
     for name in args.drafters.split(","):
         if name == "suffix":
@@ -311,16 +323,17 @@ def main() -> None:
 
             drafter, controller = SuffixDecodingDrafter(max_spec_tokens=min(args.max_tree, 16)), None
         else:
-            drafter = make_drafter(name.removesuffix(MARK), max_nodes=args.max_tree, tokenizer=tokenizer,
+            base, _, fixed = name.partition("@")
+            drafter = make_drafter(base.removesuffix(MARK), max_nodes=args.max_tree, tokenizer=tokenizer,
                                    eos_ids=eos_ids)
-            if name.endswith(MARK):  # an A/A copy (bench/perturbed.py)
+            if base.endswith(MARK):  # an A/A copy (bench/perturbed.py)
                 drafter = perturb(drafter, tokenizer)
-            controller = TreeSizeController(args.max_tree)
+            controller = TreeSizeController(args.max_tree, fixed=int(fixed) if fixed else None)
         warm = None if args.cold_verifier else WarmDrafters(ServerConfig.warm_drafter_clients)  # this client's
         for n, p in enumerate(prompts, 1):  # one drafter through all prompts in order, as in the benchmark's repetition
             ids = prompt_ids[p.id]
             wants = hints_wanted(drafter) > 0
-            session_args = (ids, refs[p.id], len(hf_tokenizer), cost, args.timed, args.rtt_ms,
+            session_args = (ids, refs[p.id], len(hf_tokenizer), cost_of(len(ids)), args.timed, args.rtt_ms,
                             hints.get(p.id) if wants else None, model_hints if wants else None)
             if args.timed and not args.serial:
                 session = PipelinedReplaySession(*session_args, warm=warm)
@@ -331,7 +344,7 @@ def main() -> None:
             decode_ms = (r.wall_s - r.ttft_s) * 1e3 if args.timed else sum(session.pass_ms[1:]) + sum(r.draft_ms[1:])
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
                 totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:],
-                                r.ahead)
+                                r.ahead, (len(r.token_ids) - 1) * plain_ms[p.id])
             row = generation_row(name, p, r.token_ids, decode_ms) | {
                 "rounds": r.rounds, "ahead": r.ahead, "verifier_drafted": r.verifier_drafted,
                 "tree_sizes": r.tree_sizes, "accepted": r.accepted}
@@ -349,14 +362,38 @@ def main() -> None:
     print(f"{'drafter':<18}{'category':<16}{'accepted/pass':>14}{'nodes/pass':>11}{'decode x':>9}{'draft ms':>9}"
           f"{'mean':>7}{'ahead':>7}")
     for (name, cat), t in sorted(totals.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        # Plain decoding: one token per base_ms (and, over a network, one round trip for the whole answer).
-        speedup = t.tokens * args.base_ms / t.decode_ms
+        # Plain decoding: one one-token pass per token (and, over a network, one round trip for the whole answer).
+        speedup = t.plain_ms / t.decode_ms
         print(f"{name:<18}{cat:<16}{t.tokens / t.rounds:>14.3f}{t.nodes / t.rounds:>11.2f}{speedup:>9.2f}"
               f"{statistics.median(t.draft_ms):>9.2f}{statistics.mean(t.draft_ms):>7.1f}{t.ahead / t.rounds:>7.2f}")
+    if args.timed and args.rtt_ms:
+        remote = sum(r["wall_s"] for r in rows if r["method"] == "remote-ar") * 1e3
+        plain = sum(r["wall_s"] for r in rows if r["method"] == "ar") * 1e3
+        print(f"{'remote-ar':<18}{'all':<16}{1.0:>14.3f}{0.0:>11.2f}{plain / remote:>9.2f}{0.0:>9.2f}{0.0:>7.1f}"
+              f"{0.0:>7.2f}")
+        print(f"remote-ar: modelled, not replayed: a one-token pass and a {args.rtt_ms:g} ms round trip per token",
+              file=sys.stderr)
     if args.by_source:
         print_by_source(by_source)
     if args.out is not None:
         args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def replay_costs(spec: str, base_ms: float, hints: int = 0) -> Callable[[int], CostModel]:
+    """Prompt tokens -> the pass cost model, from `--cost`: `cpu` (this CPU's prior curve scaled to `base_ms`), `flat`
+    (every tree `base_ms`) or `gpu:FILE:SHAPE` (bench/gpu_costs.py; `hints`: the passes measured with that many hint
+    tokens a row)."""
+    if spec in ("cpu", "flat"):
+        cost = CostModel(tuple((n, base_ms * (r if spec == "cpu" else 1.0)) for n, r in PRIOR_RELATIVE.items()))
+        return lambda context: cost
+    kind, _, rest = spec.partition(":")
+    path, _, shape = rest.rpartition(":")
+    if kind != "gpu" or not path or not shape:
+        raise SystemExit(f"--cost {spec!r}: expected cpu, flat or gpu:FILE:SHAPE")
+    try:
+        return pass_costs(Path(path), shape, hints)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--cost {spec!r}: {e}") from None
 
 
 def generation_row(method: str, prompt, tokens: list[int], decode_ms: float) -> dict:
@@ -388,12 +425,15 @@ class Totals:
     nodes: int = 0
     draft_ms: list[float] = field(default_factory=list)
     ahead: int = 0  # rounds whose tree went out ahead of the verdict before it
+    plain_ms: float = 0.0  # plain decoding's modelled time for the same tokens
 
-    def add(self, tokens: int, rounds: int, decode_ms: float, nodes: int, draft_ms: list[float], ahead: int) -> None:
+    def add(self, tokens: int, rounds: int, decode_ms: float, nodes: int, draft_ms: list[float], ahead: int,
+            plain_ms: float) -> None:
         self.tokens, self.rounds = self.tokens + tokens, self.rounds + rounds
         self.decode_ms, self.nodes = self.decode_ms + decode_ms, self.nodes + nodes
         self.draft_ms += draft_ms
         self.ahead += ahead
+        self.plain_ms += plain_ms
 
 
 if __name__ == "__main__":

@@ -144,6 +144,9 @@ class VerifierService:
                     raise
             seq, outcome = await self._unless_moved(opening)
             generated = list(outcome.verdict.tokens)  # committed after the prompt
+            # An end of sequence committed: trees sent ahead of its verdict get empty verdicts (a deep pipeline
+            # has many in flight when it comes); a tree sent after that verdict is verified (a client may go on).
+            ended = any(t in self.model.eos_ids for t in generated)
             self.metrics.sessions_total.labels("Session").inc()
             session_id = uuid.uuid4().hex[:12]
             cached = outcome.cached_prompt_tokens
@@ -165,6 +168,11 @@ class VerifierService:
                 if kind != "draft":
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"expected a draft or close, got {kind or 'an empty message'}")
+                behind = 0 < req.draft.root_length < len(prompt) + len(generated)  # sent before verdicts it missed
+                if behind and (ended or len(generated) >= params.max_new_tokens):
+                    # Sent ahead of the verdicts that ended the generation: nothing to verify, an empty verdict.
+                    yield pb.SessionResponse(verdict=pb.Verdict()).SerializeToString()
+                    continue
                 if len(generated) >= params.max_new_tokens:
                     raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
                                  f"the session has produced its max_new_tokens ({params.max_new_tokens})")
@@ -180,6 +188,7 @@ class VerifierService:
                     tree, client_nodes = filled.tree, filled.client_nodes
                 outcome = await self._unless_moved(self.scheduler.verify(seq, tree))
                 generated += outcome.verdict.tokens
+                ended = ended or any(t in self.model.eos_ids for t in outcome.verdict.tokens)
                 if drafter is not None:
                     drafter.observe(tree, outcome.verdict)
                 outcome, drafted = _as_sent(outcome, client_nodes)

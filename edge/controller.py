@@ -4,6 +4,8 @@ whether to send a second tree ahead of the verdict in flight over a long round t
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from specedge.common.cost_model import CostModel
@@ -12,6 +14,7 @@ from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES, best_tree_size
 
 
+MAX_IN_FLIGHT = 32  # trees in flight at most (TreeSizeController.depth), for round trips of 31 passes and more
 # A tree ahead must promise this much more than waiting: while it is in flight, a draft made after the verdict
 # before it (which may find far more once that verdict's tokens are known) waits a pass longer.
 AHEAD_MARGIN = 1.1
@@ -37,16 +40,19 @@ def _ratio(committed: float | None, priced: float | None) -> float:
 
 class TreeSizeController:
     def __init__(self, max_nodes: int = MAX_TREE_NODES, overhead_ms: float = 0.0, alpha: float = 0.3,
-                 fixed: int | None = None, overlap: bool = True, fill: bool = True) -> None:
+                 fixed: int | None = None, overlap: bool = True, fill: bool = True,
+                 max_in_flight: int = MAX_IN_FLIGHT) -> None:
         """`fixed`: always send this many nodes (as many as the draft has, within the caps) instead of the
         expected-value choice: the fixed sizes that experiments compare the choice with. `overlap`: send a
         tree ahead of the verdict in flight where that pays (see `ahead`). `fill`: let the verifier add its own
         draft to what is left of a tree ahead once the verdict before it is known, all of it where nothing is
-        left (cloud/verifier_drafter.py: it knows that verdict's last token, which the edge could not)."""
+        left (cloud/verifier_drafter.py: it knows that verdict's last token, which the edge could not).
+        `max_in_flight`: trees in flight at most (`depth`; 2: one ahead of the verdict awaited, never more)."""
         self.max_nodes = max_nodes
         self.fixed = fixed
         self.overlap = overlap
         self.fill = fill
+        self.max_in_flight = max(2, min(max_in_flight, MAX_IN_FLIGHT))
         # Recent means of what the verifier's drafts committed per filled pass and of what this edge's drafts
         # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
         self._filled: float | None = None
@@ -131,6 +137,22 @@ class TreeSizeController:
             self._wait_priced = promised if beyond else None
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
+
+    def depth(self, cost: CostModel) -> int:
+        """Trees to keep in flight once they go ahead: enough passes to fill a round trip and a pass, so that the
+        verifier is not left idle through the round trip (a GPU's pass is a few milliseconds, a round trip to it
+        tens), at least two (the one awaited and one ahead), at most `max_in_flight`. Trees beyond the second go
+        bare: the verifier drafts each itself once the verdicts before it are known (`fill`), as nothing the edge
+        drafts now would be left of them then; so a tree waiting in the verifier's queue loses nothing."""
+        if not self.fill:
+            return 2
+        pass_ms = max(cost.ms(0), 1e-3)
+        return int(min(self.max_in_flight, max(2, math.ceil((self.overhead_ms + pass_ms) / pass_ms))))
+
+    def bare_tokens(self) -> float:
+        """Tokens a bare tree ahead is expected to commit: its pass's own and what the verifier's draft lately
+        committed for such trees (none known: the pass's own)."""
+        return 1.0 + (self._filled or 0.0)
 
     def _waiting(self, fresh: DraftTree, cost: CostModel, remaining: int) -> tuple[float, float, int]:
         """(expected tokens per ms, tokens promised, nodes sent) of waiting for the verdict, then sending what

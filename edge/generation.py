@@ -97,6 +97,8 @@ def generate(
                     _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
             elif ahead and len(in_flight) == 1:
                 _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
+            if ahead and len(in_flight) > 1:
+                _deepen(session, controller, in_flight, out, params.max_new_tokens)
             sent = in_flight.popleft()
             if ahead:
                 if learn is not None:
@@ -117,6 +119,8 @@ def generate(
                 step, received_at = verdict.result()
             else:
                 step, received_at = _received(session.step, sent.tree)
+            if not step.tokens:  # a tree ahead of the verdict that ended the generation: nothing was verified
+                continue
             tree = sent.tree.after(out[sent.root :])  # what the verifier verified of it
             result.rounds += 1
             result.draft_ms.append(sent.draft_ms)
@@ -212,6 +216,22 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
     sent_at = time.perf_counter()
     in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at, ahead=True))
+
+
+def _deepen(session, controller: TreeSizeController, in_flight: deque[_Sent], out: list[int],
+            max_new_tokens: int) -> None:
+    """With trees going ahead, keep `controller.depth` of them in flight, the ones beyond the second bare: over a
+    round trip many passes long, the verifier drafts them itself as the verdicts before them come (all the edge
+    could add would be gone by then). Not beyond the tokens left: each tree in flight counts what it is expected
+    to commit, at least its pass's own token. (Any sent too many get empty verdicts once the generation ends.)"""
+    depth = controller.depth(session.cost_model())
+    expected = len(out) + sum(1.0 + sum(s.tree.accept_probs or ()) if len(s.tree) else controller.bare_tokens()
+                              for s in in_flight)
+    while len(in_flight) < depth and expected + controller.bare_tokens() < max_new_tokens:
+        bare = DraftTree.empty()
+        session.send(bare, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
+        in_flight.append(_Sent(bare, len(out), 0.0, time.perf_counter(), ahead=True))
+        expected += controller.bare_tokens()
 
 
 def _likeliest_path(tree: DraftTree) -> list[int]:

@@ -155,7 +155,8 @@ class RemoteSession:
         verdict = response.opened.verdict if response.WhichOneof("kind") == "opened" else response.verdict
         # (For a tree sent ahead this includes waiting on the verifier for the verdicts before it.)
         wall_ms = (time.perf_counter() - self._sent.popleft()) * 1e3
-        self._cost = wire.cost_from_pb(verdict.cost)
+        if verdict.HasField("cost"):  # (an empty verdict, for a tree ahead of the generation's end, has none)
+            self._cost = wire.cost_from_pb(verdict.cost)
         return StepResult(tokens=list(verdict.tokens), accepted=list(verdict.accepted), compute_ms=verdict.compute_ms,
                           queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),
                           next_max_tree_tokens=verdict.next_max_tree_tokens, hints=wire.hints_from_pb(verdict.hints),

@@ -34,9 +34,9 @@ PROMPT = [3, 4, 5, 6, 7, 8, 9, 10] * 3
 GREEDY = SamplingParams(max_new_tokens=24)
 
 
-def tiny_verifier(**config) -> EmbeddedVerifier:
+def tiny_verifier(eos_token_id: int | None = None, **config) -> EmbeddedVerifier:
     hf = tiny_llama(vocab_size=V)
-    hf.generation_config.eos_token_id = None  # run to max_new_tokens: longer sessions to test
+    hf.generation_config.eos_token_id = eos_token_id  # None: run to max_new_tokens, longer sessions to test
     settings = dict(model="tiny", port=0, kv_pool_mb=8, max_tree_tokens=32, max_new_tokens=256, gather_ms=1.0)
     return EmbeddedVerifier(ServerConfig(**{**settings, **config}), (hf, None))
 

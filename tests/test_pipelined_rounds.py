@@ -37,6 +37,7 @@ LONG = SamplingParams(max_new_tokens=60)
 @pytest.fixture(scope="module")
 def server():
     with tiny_verifier() as s:
+        s.service.scheduler.costs = StatedCosts()
         yield s
 
 
@@ -254,6 +255,48 @@ def test_seeded_sampling_gives_the_same_tokens_with_the_verifiers_drafts_as_with
     assert got.token_ids == expected and got.ahead >= 2
 
 
+def test_trees_sent_ahead_of_the_verdict_that_ends_the_budget_get_empty_verdicts(server, reference):
+    """A deep pipeline has many trees in flight when a verdict reaches max_new_tokens: those sent before that
+    verdict get empty verdicts, without a pass; a tree sent after it is refused as before."""
+    session = RemoteVerifier(server.target).open(PROMPT, SamplingParams(max_new_tokens=6))
+    session.send(DraftTree.chain(reference[:5]))  # opens; commits reference[:6], the whole budget
+    session.send(DraftTree.empty(), root_length=len(PROMPT), fill_tokens=8)  # sent before that verdict
+    session.send(DraftTree.chain(reference[6:8]), root_length=len(PROMPT) + 3)
+    first, second, third = session.receive(), session.receive(), session.receive()
+    assert first.tokens == reference[:6]
+    assert second.tokens == third.tokens == [] and second.compute_ms == third.compute_ms == 0
+    session.send(DraftTree.empty(), root_length=len(PROMPT) + 6)  # knowing every verdict: past the budget
+    with pytest.raises(grpc.RpcError) as caught:
+        session.receive()
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "max_new_tokens" in caught.value.details()
+
+
+def test_trees_sent_ahead_of_the_verdict_that_commits_an_end_of_sequence_get_empty_verdicts(reference):
+    """The same at an end-of-sequence token; a tree sent after that verdict is verified (a client may go on)."""
+    eos = reference[5]
+    stop = reference.index(eos)  # where the target first says it
+    with tiny_verifier(eos_token_id=eos) as server:
+        session = RemoteVerifier(server.target).open(PROMPT, LONG)
+        session.send(DraftTree.chain(reference[:stop]))  # opens; commits up to and including the end of sequence
+        session.send(DraftTree.empty(), root_length=len(PROMPT), fill_tokens=8)
+        first, second = session.receive(), session.receive()
+        assert first.tokens == reference[: stop + 1] and second.tokens == []
+        assert session.step(DraftTree.empty()).tokens == [reference[stop + 1]]
+        session.close()
+
+
+def test_over_a_round_trip_of_many_passes_more_trees_stay_in_flight_and_the_output_is_unchanged(server, reference):
+    """With a round trip of eight passes (the controller's stated timings), the edge keeps more than two trees
+    in flight, the verifier drafting the bare ones; the generation ends with trees still in flight, cleanly."""
+    nothing = FunctionDrafter(lambda committed: DraftTree.empty())
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=nothing, controller=Priced(max_nodes=8))
+    assert got.token_ids == reference
+    in_flight = [sum(sent < verdict for sent in got.sent_ms[i:]) for i, verdict in enumerate(got.verdict_ms)]
+    assert max(in_flight) > 2, in_flight
+    assert got.verifier_drafted > len(reference) / 2
+
+
 def test_a_tree_rooted_outside_the_committed_sequence_is_invalid(server):
     session = RemoteVerifier(server.target).open(PROMPT, LONG)
     session.step(DraftTree.empty())
@@ -297,6 +340,18 @@ class Priced(TreeSizeController):
 
     def ahead(self, draft, cost, remaining, covered, beyond=False) -> int | None:
         return super().ahead(draft, PASS, remaining, covered, beyond)
+
+
+class StatedCosts:
+    """The verifier's pass times stated (PASS), not measured, as `Priced` states the edge's: how many nodes the
+    verifier's own draft adds to a tree ahead is priced by them, and on a loaded test machine a measured pass
+    now and then reads several times slower, which rightly stops that draft from adding any."""
+
+    def observe(self, tree_tokens: int, ms: float) -> None:
+        pass
+
+    def model(self) -> CostModel:
+        return PASS
 
 
 def through(link: str, params=LONG) -> ResumableSession:
@@ -372,7 +427,8 @@ def test_a_drafter_that_uses_the_wait_sends_trees_ahead_too_and_uses_only_waits_
     """A speculating drafter (the model drafter: it drafts ahead during a verdict's wait) pipelines as any other
     over a long round trip; `speculate` is called only while a single tree is in flight (the generation loop
     drafts the tree ahead during the others), and the output is unchanged. Without overlap every wait is one.
-    (Trees in flight: those sent less the verdicts observed, both counted on the generation's thread.)"""
+    (Trees in flight: those sent less the verdicts observed, both counted on the generation's thread; at most
+    two here: in a deeper pipeline no wait has a single tree in flight.)"""
     for overlap in (True, False):
         drafter, counts, at_speculate = oracle(reference), {"sent": 0, "observed": 0}, []
         drafter.speculate = lambda stop: at_speculate.append(counts["sent"] - counts["observed"])
@@ -392,7 +448,7 @@ def test_a_drafter_that_uses_the_wait_sends_trees_ahead_too_and_uses_only_waits_
                 return send(*args, **kwargs)
 
             session.send = counted_send
-            got = generate(session, drafter=drafter, controller=Priced(max_nodes=8, overlap=overlap))
+            got = generate(session, drafter=drafter, controller=Priced(max_nodes=8, overlap=overlap, max_in_flight=2))
         assert got.token_ids == reference
         assert got.ahead >= 2 if overlap else got.ahead == 0
         assert at_speculate and set(at_speculate) == {1}

@@ -10,7 +10,7 @@ import pytest
 from specedge.common.cost_model import CostModel
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult
-from specedge.edge.controller import TreeSizeController
+from specedge.edge.controller import MAX_IN_FLIGHT, TreeSizeController
 
 LINEAR = CostModel(((0, 20.0), (64, 84.0)))  # a CPU-like pass: 20 ms plus 1 ms per draft token
 # A GPU-like pass: flat while the step is small, then each token costs (the batch fills the device).
@@ -236,3 +236,15 @@ def test_waits_priced_at_nothing_teach_nothing_about_the_price_of_waiting():
         near.choose(DraftTree.empty(), LINEAR, 1000)
         near.observe(DraftTree.empty(), StepResult([1], [], compute_ms=20.0, rtt_ms=0.0))
     assert near.ahead(confident, LINEAR, 1000, covered=4, beyond=True) is None
+
+
+def test_as_many_trees_stay_in_flight_as_passes_fit_in_a_round_trip():
+    """Two (the one awaited and one ahead) where a pass is about as long as the round trip, as on a CPU; many
+    where the pass is a few milliseconds and the round trip tens, as with a GPU far away; at most
+    MAX_IN_FLIGHT; two without the verifier's drafts, as trees beyond the second go bare."""
+    gpu = CostModel(((0, 3.0), (64, 3.5)))
+    assert [TreeSizeController(overhead_ms=rtt).depth(LINEAR) for rtt in (0, 20, 80)] == [2, 2, 5]
+    assert [TreeSizeController(overhead_ms=rtt).depth(gpu) for rtt in (0, 20, 80)] == [2, 8, 28]
+    assert TreeSizeController(overhead_ms=10_000).depth(gpu) == MAX_IN_FLIGHT
+    assert TreeSizeController(overhead_ms=80, fill=False).depth(gpu) == 2
+    assert TreeSizeController(overhead_ms=80, max_in_flight=3).depth(gpu) == 3
