@@ -27,6 +27,15 @@ in BENCHMARKS.md before its thirty-sixth session did).
     taskset -c 0 .venv/bin/python bench/replay.py bench-out/model-drafting/runs.jsonl --model gemma3-270m \
         --drafters retrieval,model:smollm2-135m,hybrid --timed --base-ms 89 --rtt-ms 80
 
+`--cost gpu:FILE:SHAPE` prices passes with what a GPU measured for a model's shape (bench/gpu_bench.py's JSON):
+with --timed, the edge over a network with a GPU verifier, projected (the passes are sleeps of the GPU's
+times; drafting is this machine's). With --timed and a round trip, `remote-ar` rows (a one-token pass and a
+round trip per token) are written and printed beside the drafters, modelled, not replayed:
+
+    taskset -c 0 .venv/bin/python bench/replay.py docs/benchmarks/gpu/refs-smollm2-135m.jsonl --chat --timed \
+        --drafters retrieval:no-hints,retrieval:no-hints@8 --rtt-ms 80 \
+        --cost gpu:docs/benchmarks/gpu/h200-run9a-compiled-smollm2-135m.json:smollm2-135m
+
 With --out each generation is also written as a runs.jsonl row, so that bench/category_intervals.py gives
 per-category intervals over the prompts (`--baseline ar`: plain decoding's modelled time); with --timed the
 rows carry each round's times too, from which bench/verifier_idle.py tells where the verifier waited.
@@ -58,7 +67,7 @@ from specedge.common.hints import DEFAULT_HINTS_TOP_K, Hints
 from specedge.common.params import SamplingParams
 from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES
-from specedge.edge.controller import TreeSizeController
+from specedge.edge.controller import MAX_IN_FLIGHT, TreeSizeController
 from specedge.edge.drafter import hints_wanted
 from specedge.edge.generation import generate
 from specedge.edge.registry import make_drafter
@@ -139,8 +148,8 @@ class PipelinedReplaySession(ReplaySession):
     trip after the pass. A tree ahead is verified less what the verdicts before it committed, and the verifier
     adds its own draft to what is left, up to `fill_tokens` nodes in all (cloud/verifier_drafter.py). Verdicts are
     worked out when their tree is sent (every tree before it is known then) and handed out at their time;
-    the verifier's own drafting runs in the edge's thread then, so its time (well under a millisecond) falls
-    on the edge."""
+    the verifier's own drafting runs in the edge's thread then, and its time (measured) is added to the pass's,
+    as a verifier's host drafts before the pass (since 2026-12-02: a GPU's pass is only a few milliseconds)."""
 
     def __init__(self, *args, warm: WarmDrafters | None = None, **kwargs) -> None:
         """`warm`: the verifier's drafting state kept across the client's sessions, as the served verifier keeps
@@ -165,6 +174,7 @@ class PipelinedReplaySession(ReplaySession):
         if root_length:
             tree = tree.after(self.output[root_length - len(self.prompt_ids) : self.done])
         client_nodes = list(range(len(tree)))
+        drafting = time.perf_counter()
         if fill_tokens > 0:
             if self._filler is None:
                 top_k = DEFAULT_HINTS_TOP_K if self.hints is not None or self.model_hints is not None else 0
@@ -174,14 +184,19 @@ class PipelinedReplaySession(ReplaySession):
             filled = self._filler.draft(min(fill_tokens, MAX_TREE_NODES), self.cost, tree,
                                         max_depth=len(self.output) - self.done - 2)
             tree, client_nodes = filled.tree, filled.client_nodes
+        drafting = time.perf_counter() - drafting
         result = self._verify(tree)
         if self._filler is not None:
+            start = time.perf_counter()
             self._filler.observe(tree, Verdict(result.accepted, result.tokens, result.tokens[-1], result.hints))
+            drafting += time.perf_counter() - start
         accepted, hints, drafted = client_share(result.accepted, result.hints, client_nodes)  # as the client reads it
         result = replace(result, accepted=accepted, hints=hints, verifier_drafted=drafted)
         arrives = sent_at + self.rtt_ms / 2e3
         starts = max(arrives, self._free_at)
-        self._free_at = starts + (prefill_ms + result.compute_ms) / 1e3
+        # The verifier's host drafts before the pass and learns after it: its time adds to the pass's (measured
+        # here, on this machine, where it was done).
+        self._free_at = starts + (prefill_ms + result.compute_ms) / 1e3 + drafting
         self._verdicts.append((self._free_at + self.rtt_ms / 2e3, replace(result, queue_ms=(starts - arrives) * 1e3)))
 
     def close(self) -> None:
@@ -283,6 +298,9 @@ def main() -> None:
     ap.add_argument("--rtt-ms", type=float, default=0.0, help="with --timed: a network round trip per pass")
     ap.add_argument("--serial", action="store_true",
                     help="with --timed: no trees sent ahead, every round waits for the verdict before it")
+    ap.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT,
+                    help="with --timed: trees in flight at most (TreeSizeController.depth; 2: one ahead, as before "
+                         "2026-12-02)")
     ap.add_argument("--cold-verifier", action="store_true",
                     help="with --timed: the verifier's own drafter (for trees ahead with nothing left) starts fresh "
                          "in every session, instead of keeping its state across the client's sessions as the "
@@ -328,7 +346,8 @@ def main() -> None:
                                    eos_ids=eos_ids)
             if base.endswith(MARK):  # an A/A copy (bench/perturbed.py)
                 drafter = perturb(drafter, tokenizer)
-            controller = TreeSizeController(args.max_tree, fixed=int(fixed) if fixed else None)
+            controller = TreeSizeController(args.max_tree, fixed=int(fixed) if fixed else None,
+                                            max_in_flight=args.max_in_flight)
         warm = None if args.cold_verifier else WarmDrafters(ServerConfig.warm_drafter_clients)  # this client's
         for n, p in enumerate(prompts, 1):  # one drafter through all prompts in order, as in the benchmark's repetition
             ids = prompt_ids[p.id]

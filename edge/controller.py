@@ -14,7 +14,7 @@ from specedge.common.session import StepResult
 from specedge.common.tree_sizing import MAX_TREE_NODES, best_tree_size
 
 
-MAX_IN_FLIGHT = 32  # trees in flight at most (TreeSizeController.depth), for round trips of 31 passes and more
+MAX_IN_FLIGHT = 64  # trees in flight at most (TreeSizeController.depth), for round trips of 63 passes and more
 # A tree ahead must promise this much more than waiting: while it is in flight, a draft made after the verdict
 # before it (which may find far more once that verdict's tokens are known) waits a pass longer.
 AHEAD_MARGIN = 1.1
