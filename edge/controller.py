@@ -1,6 +1,7 @@
 """How many draft nodes to send: the prefix of the best-first draft that maximises expected committed
-tokens per second, given the verifier's cost model and the time a round costs besides the pass; and
-whether to send a second tree ahead of the verdict in flight over a long round trip."""
+tokens per second, given the verifier's cost model and the time a round costs besides the pass;
+whether to send a second tree ahead of the verdict in flight over a long round trip; and how many trees to
+keep in flight where the round trip is several passes long."""
 
 from __future__ import annotations
 
