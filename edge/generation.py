@@ -97,7 +97,7 @@ def generate(
                     _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
             elif ahead and len(in_flight) == 1:
                 _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
-            if ahead and len(in_flight) > 1:
+            if ahead and len(in_flight) > 1 and propose_after is None:  # (see _deepen)
                 _deepen(session, controller, in_flight, out, params.max_new_tokens)
             sent = in_flight.popleft()
             if ahead:
@@ -223,7 +223,9 @@ def _deepen(session, controller: TreeSizeController, in_flight: deque[_Sent], ou
     """With trees going ahead, keep `controller.depth` of them in flight, the ones beyond the second bare: over a
     round trip many passes long, the verifier drafts them itself as the verdicts before them come (all the edge
     could add would be gone by then). Not beyond the tokens left: each tree in flight counts what it is expected
-    to commit, at least its pass's own token. (Any sent too many get empty verdicts once the generation ends.)"""
+    to commit, at least its pass's own token. (Any sent too many get empty verdicts once the generation ends.)
+    Not for a drafter that drafts beyond a path (the model drafter, the hybrid): its trees ahead are drafted
+    below the tree in flight, and the hybrid keeps a round for every tree it drafted, which bare trees are not."""
     depth = controller.depth(session.cost_model())
     expected = len(out) + sum(1.0 + sum(s.tree.accept_probs or ()) if len(s.tree) else controller.bare_tokens()
                               for s in in_flight)
