@@ -139,12 +139,28 @@ class TreeSizeController:
             return None
         return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
 
+    def deeper(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int) -> int:
+        """Nodes of `draft` to send as a tree beyond the second in flight, where `draft` was made below the likeliest
+        path through the trees in flight (its first `covered` nodes). The pipeline keeps the verifier busy either
+        way, so a verdict comes every pass: the nodes below the path are priced by their pass alone, against the
+        tree with none of them, which the verifier drafts for by itself (`fill`) as for a bare tree. With no path
+        covered, the trees before it commit what the draft could not know: none of its nodes go."""
+        if draft.accept_probs is None or len(draft) <= covered or not covered:
+            return covered
+        probs = np.asarray(draft.accept_probs, dtype=np.float64)
+        filled = self._filled or 0.0
+        unfilled = (1.0 - probs[covered - 1]) * filled if covered else 0.0
+        n, rate = self._ahead_rate(draft, probs, cost, remaining, covered, unfilled, saturated=True)
+        bare = min(remaining, 1.0 + filled) / cost.ms(0)
+        return covered + n if rate > bare else covered
+
     def depth(self, cost: CostModel) -> int:
         """Trees to keep in flight once they go ahead: enough passes to fill a round trip and a pass, so that the
         verifier is not left idle through the round trip (a GPU's pass is a few milliseconds, a round trip to it
-        tens), at least two (the one awaited and one ahead), at most `max_in_flight`. Trees beyond the second go
-        bare: the verifier drafts each itself once the verdicts before it are known (`fill`), as nothing the edge
-        drafts now would be left of them then; so a tree waiting in the verifier's queue loses nothing."""
+        tens), at least two (the one awaited and one ahead), at most `max_in_flight`. The verifier drafts for the
+        trees beyond the second once the verdicts before them are known (`fill`): what the edge drafts now is left
+        of them only below the likeliest path through the trees before (`deeper`); so a tree waiting in the
+        verifier's queue loses nothing."""
         if not self.fill:
             return 2
         pass_ms = max(cost.ms(0), 1e-3)
@@ -165,14 +181,16 @@ class TreeSizeController:
         return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int,
-                    unfilled: float = 0.0) -> tuple[int, float]:
+                    unfilled: float = 0.0, saturated: bool = False) -> tuple[int, float]:
         """(n, expected tokens per ms) of the best n nodes below the first `covered` to send ahead (the fixed
-        size where there is one); `unfilled`: tokens the verifier's own draft adds whatever n is."""
+        size where there is one); `unfilled`: tokens the verifier's own draft adds whatever n is. `saturated`: the
+        trees in flight fill the round trip, and a verdict comes every pass."""
         cap = self.max_nodes if self.server_cap is None else min(self.max_nodes, self.server_cap)
         below = np.arange(covered, min(len(draft), covered + cap))
         adds = np.where(np.asarray(draft.parents, dtype=np.int64)[below] >= covered, probs[below], 0.0)
         expected = np.minimum(1.0 + unfilled + np.concatenate(([0.0], np.cumsum(adds))), remaining)
-        rate = expected / self._pipelined_ms(cost.table(len(below)))
+        pass_ms = cost.table(len(below))
+        rate = expected / (pass_ms if saturated else self._pipelined_ms(pass_ms))
         n = min(self.fixed, len(below)) if self.fixed is not None else int(np.argmax(rate))
         return n, float(rate[n])
 

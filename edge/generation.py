@@ -81,7 +81,7 @@ def generate(
     # A drafter that learns from a verdict apart from committing it (RetrievalDrafter.learn) does so while the
     # next verdict is on its way, where the session can send without waiting.
     learn = getattr(drafter, "learn", None)
-    propose_after = getattr(drafter, "propose_after", None)  # it drafts beyond a path (see _send_ahead)
+    propose_after = getattr(drafter, "propose_after", None)  # it drafts beyond a path (see _keep_ahead)
     in_flight: deque[_Sent] = deque()
     try:
         while len(out) < params.max_new_tokens:
@@ -94,19 +94,17 @@ def generate(
                 sent_at = time.perf_counter()
                 in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at))
                 if ahead:
-                    _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
-            elif ahead and len(in_flight) == 1:
-                _send_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
-            if ahead and len(in_flight) > 1 and propose_after is None:  # (see _deepen)
-                _deepen(session, controller, in_flight, out, params.max_new_tokens)
+                    _keep_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens, draft)
+            elif ahead:
+                _keep_ahead(session, drafter, controller, in_flight, out, params.max_new_tokens)
             sent = in_flight.popleft()
             if ahead:
                 if learn is not None:
                     learn()
                 if speculate is not None and (not in_flight or propose_after is not None):  # the drafter uses the wait
                     verdict = waiting.submit(_received, session.receive)
-                    if in_flight:  # a tree ahead: the next draft starts beyond its likeliest path, read on from there
-                        ahead_of = in_flight[0].tree.after(out[in_flight[0].root :])
+                    if in_flight:  # trees ahead: the next draft starts beyond the last one's likeliest path
+                        ahead_of = in_flight[-1].tree.after(out[in_flight[-1].root :])
                         speculate(verdict.done, then=[ahead_of.tokens[i] for i in _likeliest_path(ahead_of)])
                     else:
                         speculate(verdict.done)
@@ -171,6 +169,12 @@ class _Sent:
     draft_ms: float
     sent_at: float  # time.perf_counter() when it went out (or, to an in-process verifier, was ready)
     ahead: bool = False  # sent while another tree's verdict was in flight
+    covered: int = 0  # its first nodes: the likeliest path of the tree before it, which it was drafted below
+
+    def expected(self, controller: TreeSizeController) -> float:
+        """Tokens its verdict is expected to commit beyond the trees before it: its pass's own and its nodes'"""
+        own = (self.tree.accept_probs or ())[self.covered :]
+        return 1.0 + sum(own) if len(self.tree) > self.covered else controller.bare_tokens()
 
 
 def _received(call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
@@ -183,12 +187,24 @@ def _sized(draft: DraftTree, controller: TreeSizeController | None, session, rem
     return draft.prefix(min(size, session.max_tree_tokens))
 
 
-def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
+def _keep_ahead(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
                 out: list[int], max_new_tokens: int, draft: DraftTree | None = None) -> None:
+    """Send a tree ahead of the one verdict in flight where the controller says it pays (`_send_ahead`); with
+    trees going ahead, keep `controller.depth` of them in flight (`_send_deeper`): over a round trip many
+    passes long, the verifier would otherwise wait for the edge through most of it."""
+    if len(in_flight) == 1 and not _send_ahead(session, drafter, controller, in_flight, out, max_new_tokens, draft):
+        return
+    depth = controller.depth(session.cost_model())
+    while len(in_flight) < depth and _send_deeper(session, drafter, controller, in_flight, out, max_new_tokens):
+        pass
+
+
+def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
+                out: list[int], max_new_tokens: int, draft: DraftTree | None = None) -> bool:
     """Send a tree ahead of the one verdict in flight, if that pays and the verdict cannot end the generation's
-    token budget first. The tree: `draft` (rooted at the committed end), or else the drafter's draft now; a
-    drafter that can draft beyond a path (`propose_after`, the model drafter) drafts beyond the likeliest path
-    of the tree in flight instead, so that what it adds lies beyond what that verdict may commit."""
+    token budget first; True if it went. The tree: `draft` (rooted at the committed end), or else the drafter's
+    draft now; a drafter that can draft beyond a path (`propose_after`, the model drafter) drafts beyond the
+    likeliest path of the tree in flight instead, so that what it adds lies beyond what that verdict may commit."""
     t0 = time.perf_counter()
     (pending,) = in_flight
     left = pending.tree.after(out[pending.root :])  # what the verifier will verify of the tree in flight
@@ -197,43 +213,61 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
     taken = max(left.depths()) + 1 if left else 1
     filled = controller.fill_tokens if pending.ahead and not left else 0
     if len(out) + taken + max(0, min(filled, max_new_tokens - len(out) - 2)) >= max_new_tokens:
-        return
+        return False
     # The budget this tree is priced with leaves out what the verifier may draft for the one in flight: that
     # draft is sized by what is left (counting the most it could take priced every tree after a bare one as
     # having a token left, and sent it bare too)
     remaining = max_new_tokens - len(out) - taken
     propose_after = getattr(drafter, "propose_after", None)
+    covered = 0
     if propose_after is not None:
-        path = _likeliest_path(left)
-        draft = _below(left, path, propose_after([left.tokens[i] for i in path]))
-        size = controller.ahead(draft, session.cost_model(), remaining, len(path), beyond=True)
+        draft, covered = _drafted_below(left, propose_after)
+        size = controller.ahead(draft, session.cost_model(), remaining, covered, beyond=True)
     else:
         draft = drafter.propose() if draft is None else draft
         size = controller.ahead(draft, session.cost_model(), remaining, len(left))
     if size is None:
-        return
-    tree = draft.prefix(min(size, session.max_tree_tokens))
+        return False
+    _send(session, controller, in_flight, out, draft.prefix(min(size, session.max_tree_tokens)), t0, covered)
+    return True
+
+
+def _send_deeper(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
+                 out: list[int], max_new_tokens: int) -> bool:
+    """One more tree behind those in flight, unless the tokens they are expected to commit fill the budget; True
+    if it went. The verifier drafts for it itself, knowing every verdict before it (`fill`). A drafter that drafts
+    beyond a path drafts below the likeliest path through the trees in flight, which the last one's chain holds,
+    its nodes sent where they promise more than the verifier's draft would commit by itself
+    (`TreeSizeController.deeper`); for another drafter the tree goes bare: nothing it drafts now from the
+    committed end would be left by then."""
+    t0 = time.perf_counter()
+    expected = len(out) + sum(s.expected(controller) for s in in_flight)
+    if expected + controller.bare_tokens() >= max_new_tokens:
+        return False
+    propose_after = getattr(drafter, "propose_after", None)
+    if propose_after is None:
+        _send(session, controller, in_flight, out, DraftTree.empty(), t0)
+        return True
+    last = in_flight[-1]
+    draft, covered = _drafted_below(last.tree.after(out[last.root :]), propose_after)
+    size = controller.deeper(draft, session.cost_model(), int(max_new_tokens - expected), covered)
+    _send(session, controller, in_flight, out, draft.prefix(min(size, session.max_tree_tokens)), t0, covered)
+    return True
+
+
+def _drafted_below(left: DraftTree, propose_after: Callable[[list[int]], DraftTree]) -> tuple[DraftTree, int]:
+    """The drafter's draft below `left`'s likeliest path, that path its first nodes; and the path's length."""
+    path = _likeliest_path(left)
+    return _below(left, path, propose_after([left.tokens[i] for i in path])), len(path)
+
+
+def _send(session, controller: TreeSizeController, in_flight: deque[_Sent], out: list[int], tree: DraftTree,
+          drafting_since: float, covered: int = 0) -> None:
+    """Send a tree ahead of the verdicts in flight, rooted at the committed end."""
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
     sent_at = time.perf_counter()
-    in_flight.append(_Sent(tree, len(out), (sent_at - t0) * 1e3, sent_at, ahead=True))
-
-
-def _deepen(session, controller: TreeSizeController, in_flight: deque[_Sent], out: list[int],
-            max_new_tokens: int) -> None:
-    """With trees going ahead, keep `controller.depth` of them in flight, the ones beyond the second bare: over a
-    round trip many passes long, the verifier drafts them itself as the verdicts before them come (all the edge
-    could add would be gone by then). Not beyond the tokens left: each tree in flight counts what it is expected
-    to commit, at least its pass's own token. (Any sent too many get empty verdicts once the generation ends.)
-    Not for a drafter that drafts beyond a path (the model drafter, the hybrid): its trees ahead are drafted
-    below the tree in flight, and the hybrid keeps a round for every tree it drafted, which bare trees are not."""
-    depth = controller.depth(session.cost_model())
-    expected = len(out) + sum(1.0 + sum(s.tree.accept_probs or ()) if len(s.tree) else controller.bare_tokens()
-                              for s in in_flight)
-    while len(in_flight) < depth and expected + controller.bare_tokens() < max_new_tokens:
-        bare = DraftTree.empty()
-        session.send(bare, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
-        in_flight.append(_Sent(bare, len(out), 0.0, time.perf_counter(), ahead=True))
-        expected += controller.bare_tokens()
+    in_flight.append(_Sent(tree, len(out), (sent_at - drafting_since) * 1e3, sent_at, ahead=True,
+                           covered=min(covered, len(tree))))
 
 
 def _likeliest_path(tree: DraftTree) -> list[int]:

@@ -341,6 +341,12 @@ class Priced(TreeSizeController):
     def ahead(self, draft, cost, remaining, covered, beyond=False) -> int | None:
         return super().ahead(draft, PASS, remaining, covered, beyond)
 
+    def deeper(self, draft, cost, remaining, covered) -> int:
+        return super().deeper(draft, PASS, remaining, covered)
+
+    def depth(self, cost) -> int:
+        return super().depth(PASS)
+
 
 class StatedCosts:
     """The verifier's pass times stated (PASS), not measured, as `Priced` states the edge's: how many nodes the
@@ -354,8 +360,9 @@ class StatedCosts:
         return PASS
 
 
-def through(link: str, params=LONG) -> ResumableSession:
-    return ResumableSession(lambda: RemoteVerifier(link), PROMPT, params, "c", "", retries=20, backoff_s=0.01)
+def through(link: str, params=LONG, client: str = "c") -> ResumableSession:
+    """`client`: the verifier keeps each client's drafting state across its sessions (what its own drafts learned)."""
+    return ResumableSession(lambda: RemoteVerifier(link), PROMPT, params, client, "", retries=20, backoff_s=0.01)
 
 
 def test_over_a_long_round_trip_trees_go_out_ahead_and_commit_drafts_and_the_output_is_unchanged(server, reference):
@@ -502,6 +509,23 @@ def test_while_a_tree_ahead_is_in_flight_a_drafter_beyond_paths_reads_on_past_it
     with_ahead = [(then, last) for in_flight, then, last in calls if in_flight == 2]
     assert len(with_ahead) >= got.ahead / 2
     assert all(then == last for then, last in with_ahead)  # (the trees are chains: the whole tree is the path)
+
+
+def test_over_a_round_trip_of_many_passes_a_drafter_beyond_paths_keeps_its_trees_in_flight_below_each_other(
+        server, reference):
+    """With a round trip of eight passes, a drafter that drafts beyond a path keeps more than two trees in flight
+    too, each drafted below the likeliest path through the trees before it (the last one's chain): the first
+    trees go out together, before any verdict, and a confident drafter of 4 tokens that is right has the third
+    commit its drafts; the output is the target's. (Later trees' nodes are mostly gone by their turn: the
+    verifier adds its own draft below what is left of a tree, and its verdict then commits past the path the
+    trees behind it were drafted below.)"""
+    drafter = BeyondOracle(oracle(reference, depth=4, confidence=0.99).fn)
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target, client="fresh"), drafter=drafter, controller=Priced(max_nodes=8))
+    assert got.token_ids == reference
+    in_flight = [sum(sent < verdict for sent in got.sent_ms[i:]) for i, verdict in enumerate(got.verdict_ms)]
+    assert max(in_flight) > 2, in_flight
+    assert got.sent_ms[2] < got.verdict_ms[0] and got.accepted[2] >= 3, (got.sent_ms, got.accepted)
 
 
 class SampledChains:
@@ -654,3 +678,21 @@ def test_the_hybrid_sends_trees_ahead_and_each_source_learns_from_its_own_nodes(
             assert [tree.tokens[a] for a in result.accepted] == result.tokens[: len(result.accepted)]
     # The model's own tokens beyond retrieval's two (and wrong third) were committed, in trees ahead too
     assert sum(len(result.accepted) >= 3 for _, result in model.told) >= got.rounds / 2
+
+
+def test_over_a_round_trip_of_many_passes_the_hybrid_keeps_a_round_for_every_tree_in_flight(server, reference):
+    """The hybrid with more than two trees in flight, the verifier drafting where nothing of one is left: every
+    tree it sent is its own round, each source is told every committed token once, in order, and the output is
+    the target's."""
+    from specedge.edge.hybrid import HybridDrafter
+
+    retrieval = TrueContinuation(reference, depth=2, wrong=1)
+    model = TrueContinuation(reference, depth=5, confidence=0.95)
+    drafter = HybridDrafter(retrieval, model, max_nodes=8)
+    with EmbeddedProxy(server.target, NetworkConditions(delay_ms=40)) as link:
+        got = generate(through(link.target), drafter=drafter, controller=Priced(max_nodes=8))
+    assert got.token_ids == reference
+    in_flight = [sum(sent < verdict for sent in got.sent_ms[i:]) for i, verdict in enumerate(got.verdict_ms)]
+    assert max(in_flight) > 2, in_flight
+    for source in (retrieval, model):
+        assert len(source.told) == got.rounds and source.committed[: len(reference)] == reference
