@@ -172,7 +172,8 @@ class _Sent:
     covered: int = 0  # its first nodes: the likeliest path of the tree before it, which it was drafted below
 
     def expected(self, controller: TreeSizeController) -> float:
-        """Tokens its verdict is expected to commit beyond the trees before it: its pass's own and its nodes'"""
+        """Tokens its verdict is expected to commit beyond the trees before it: its pass's own and its nodes' (for
+        a tree with none below what it covers, what the verifier's own draft lately committed besides)."""
         own = (self.tree.accept_probs or ())[self.covered :]
         return 1.0 + sum(own) if len(self.tree) > self.covered else controller.bare_tokens()
 
@@ -234,12 +235,12 @@ def _send_ahead(session, drafter: Drafter, controller: TreeSizeController, in_fl
 
 def _send_deeper(session, drafter: Drafter, controller: TreeSizeController, in_flight: deque[_Sent],
                  out: list[int], max_new_tokens: int) -> bool:
-    """One more tree behind those in flight, unless the tokens they are expected to commit fill the budget; True
-    if it went. The verifier drafts for it itself, knowing every verdict before it (`fill`). A drafter that drafts
-    beyond a path drafts below the likeliest path through the trees in flight, which the last one's chain holds,
-    its nodes sent where they promise more than the verifier's draft would commit by itself
-    (`TreeSizeController.deeper`); for another drafter the tree goes bare: nothing it drafts now from the
-    committed end would be left by then."""
+    """One more tree behind those in flight, unless the tokens they are expected to commit fill the budget (any
+    sent too many get empty verdicts once the generation ends); True if it went. The verifier drafts for it
+    itself, knowing every verdict before it (`fill`). A drafter that drafts beyond a path drafts below the
+    likeliest path through the trees in flight, which the last one's chain holds, its nodes sent where they
+    promise more than the verifier's draft would commit by itself (`TreeSizeController.deeper`); for another
+    drafter the tree goes bare: nothing it drafts now from the committed end would be left by then."""
     t0 = time.perf_counter()
     expected = len(out) + sum(s.expected(controller) for s in in_flight)
     if expected + controller.bare_tokens() >= max_new_tokens:
