@@ -265,10 +265,9 @@ def _drafted_below(left: DraftTree, propose_after: Callable[[list[int]], DraftTr
 def _send(session, controller: TreeSizeController, in_flight: deque[_Sent], out: list[int], tree: DraftTree,
           drafting_since: float, covered: int = 0) -> None:
     """Send a tree ahead of the verdicts in flight, rooted at the committed end."""
+    draft_ms = (time.perf_counter() - drafting_since) * 1e3
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
-    sent_at = time.perf_counter()
-    in_flight.append(_Sent(tree, len(out), (sent_at - drafting_since) * 1e3, sent_at, ahead=True,
-                           covered=min(covered, len(tree))))
+    in_flight.append(_Sent(tree, len(out), draft_ms, time.perf_counter(), ahead=True, covered=min(covered, len(tree))))
 
 
 def _likeliest_path(tree: DraftTree) -> list[int]:
