@@ -385,11 +385,14 @@ def test_overlap_can_be_turned_off(server, reference):
     assert got.token_ids == reference and got.ahead == 0
 
 
-def test_a_link_that_resets_with_trees_in_flight_loses_nothing(server, reference):
+@pytest.mark.parametrize("beyond", [False, True], ids=["bare trees beyond the second", "trees below each other"])
+def test_a_link_that_resets_with_trees_in_flight_loses_nothing(server, reference, beyond):
     conditions = NetworkConditions(delay_ms=20, reset_probability=0.05, seed=3)
+    drafter = oracle(reference, depth=6)
     with EmbeddedProxy(server.target, conditions) as link:
         session = through(link.target)
-        got = generate(session, drafter=oracle(reference, depth=6), controller=Priced(max_nodes=4))
+        got = generate(session, drafter=BeyondOracle(drafter.fn) if beyond else drafter,
+                       controller=Priced(max_nodes=4))
     assert got.token_ids == reference
     assert session.resumes >= 1 and got.ahead >= 1
 
