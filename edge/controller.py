@@ -67,7 +67,7 @@ class TreeSizeController:
         self._waits_priced: float | None = None
         self._wait_priced: float | None = None  # the wait decided last's price, until its tree is chosen
         self._awaited: float | None = None  # the price of the wait before the tree chosen last, until its verdict
-        self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing
+        self.overhead_ms = overhead_ms  # per round besides the pass: network round trip, queueing, drafting
         self.alpha = alpha
         self.server_cap: int | None = None  # the largest tree the verifier said it will take next
 
@@ -203,13 +203,14 @@ class TreeSizeController:
         """The most nodes a tree ahead may have once the verifier has added its own draft (0: none added)."""
         return (self.fixed or self.max_nodes) if self.fill else 0
 
-    def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False) -> None:
-        """Track what a round costs besides the pass itself (a longer round trip favours bigger trees). A
-        tree sent ahead waited on the verifier for the verdict before it: its wait tells nothing of the
-        network; where nothing of it was left, it tells what the verifier's draft committed. A tree sent after a
-        wait tells what the wait was worth against its price."""
+    def observe(self, tree: DraftTree, result: StepResult, ahead: bool = False, draft_ms: float = 0.0) -> None:
+        """Track what a round costs besides the pass itself (a longer round trip favours bigger trees): the
+        network, the queue and, for a tree drafted after the verdict before it, its drafting (`draft_ms`), which
+        the verifier waits through as it does through the network. A tree sent ahead waited on the verifier for
+        the verdict before it: its wait tells nothing of the network; where nothing of it was left, it tells what
+        the verifier's draft committed. A tree sent after a wait tells what the wait was worth against its price."""
         if not ahead:
-            measured = result.rtt_ms + result.queue_ms
+            measured = result.rtt_ms + result.queue_ms + draft_ms
             self.overhead_ms += self.alpha * (measured - self.overhead_ms)
             if self._awaited is not None:
                 self._waits_committed = _mean(self._waits_committed, len(result.accepted), FILL_ALPHA)

@@ -136,7 +136,7 @@ def generate(
             if drafter is not None:
                 drafter.observe(tree, step)
             if controller is not None:
-                controller.observe(tree, step, ahead=sent.ahead)
+                controller.observe(tree, step, ahead=sent.ahead, draft_ms=sent.draft_ms)
             new = step.tokens[: params.max_new_tokens - len(out)]
             hit = next((i for i, t in enumerate(new) if t in eos), None)
             if hit is not None:

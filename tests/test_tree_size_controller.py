@@ -183,6 +183,26 @@ def test_a_tree_sent_ahead_tells_nothing_of_the_round_trip():
     assert controller.overhead_ms < 80
 
 
+def test_the_drafting_of_a_tree_sent_after_its_verdict_is_part_of_the_rounds_overhead_and_can_send_trees_ahead():
+    """The verifier waits through the edge's drafting after a verdict as through the network: on a GPU's pass of a
+    few milliseconds, a millisecond of drafting a round makes a bare tree ahead (drafted by the verifier, knowing
+    the verdict) pay over no round trip at all; without it counted, the edge waits. A tree sent ahead was drafted
+    while the verifier was busy: its drafting costs the verifier nothing."""
+    gpu = CostModel(((0, 3.0), (64, 3.5)))
+    draft = chain(0.7)
+    counted, uncounted = TreeSizeController(max_nodes=16), TreeSizeController(max_nodes=16)
+    for _ in range(20):
+        for controller, draft_ms in ((counted, 1.2), (uncounted, 0.0)):
+            controller.choose(draft, gpu, 1000)
+            controller.observe(draft.prefix(8), StepResult([1, 2, 3], [0, 1], compute_ms=3.0, rtt_ms=0.0),
+                               draft_ms=draft_ms)
+            controller.observe(DraftTree.empty(), StepResult([1, 2, 3], [], compute_ms=3.0, verifier_drafted=2),
+                               ahead=True, draft_ms=5.0)
+    assert counted.overhead_ms == pytest.approx(1.2, rel=0.01) and uncounted.overhead_ms == pytest.approx(0.0)
+    assert counted.ahead(draft, gpu, 1000, covered=0) is not None
+    assert uncounted.ahead(draft, gpu, 1000, covered=0) is None
+
+
 @pytest.mark.parametrize("committed, waits", [("nothing", False), ("as-priced", True)])
 def test_the_price_of_waiting_follows_what_the_trees_sent_after_waits_committed(committed, waits):
     """Waiting is priced by a draft made before the verdict awaited, and the draft after that verdict may
