@@ -143,16 +143,17 @@ class TreeSizeController:
         """Nodes of `draft` to send as a tree beyond the second in flight, where `draft` was made below the likeliest
         path through the trees in flight (its first `covered` nodes). The pipeline keeps the verifier busy either
         way, so a verdict comes every pass: the nodes below the path are priced by their pass alone, against the
-        tree with none of them, which the verifier drafts for by itself (`fill`) as for a bare tree. With no path
-        covered, the trees before it commit what the draft could not know: none of its nodes go."""
+        tree with none of them, which the verifier drafts for by itself (`fill`) as for a bare tree (a fixed size
+        sends its nodes whatever). With no path covered, the trees before it commit what the draft could not know:
+        none of its nodes go."""
         if draft.accept_probs is None or len(draft) <= covered or not covered:
             return covered
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
         filled = self._filled or 0.0
-        unfilled = (1.0 - probs[covered - 1]) * filled if covered else 0.0
+        unfilled = (1.0 - probs[covered - 1]) * filled  # where the path is not committed, nothing is left
         n, rate = self._ahead_rate(draft, probs, cost, remaining, covered, unfilled, saturated=True)
         bare = min(remaining, 1.0 + filled) / cost.ms(0)
-        return covered + n if rate > bare else covered
+        return covered + n if self.fixed is not None or rate > bare else covered
 
     def depth(self, cost: CostModel) -> int:
         """Trees to keep in flight once they go ahead: enough passes to fill a round trip and a pass, so that the

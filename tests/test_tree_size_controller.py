@@ -273,13 +273,15 @@ def test_as_many_trees_stay_in_flight_as_passes_fit_in_a_round_trip():
 def test_a_tree_beyond_the_second_sends_the_nodes_below_its_path_only_where_they_beat_the_verifiers_draft():
     """Beyond the second tree in flight a verdict comes every pass, so the nodes below the likeliest path through
     the trees before are priced by their pass alone, against the same tree with none of them, which the verifier
-    drafts for itself: a likely path with a confident draft below sends it, an unlikely path sends none, nor
-    does a draft that covers no path (the verdicts before it commit what it could not know), and the better the
-    verifier's own drafts have lately been, the fewer nodes of a middling draft go."""
+    drafts for itself: a likely path with a confident draft below sends it, an unlikely path sends none (but a
+    fixed size's nodes), nor does a draft that covers no path (the verdicts before it commit what it could not
+    know), and the better the verifier's own drafts have lately been, the fewer nodes of a middling draft go."""
     gpu = CostModel(((0, 3.0), (64, 3.5)))
     far = TreeSizeController(max_nodes=16, overhead_ms=80)
     assert far.deeper(beyond_path([0.98, 0.96, 0.94, 0.92], 0.9), gpu, 1000, covered=4) > 4 + 6
     assert far.deeper(beyond_path([0.2, 0.05, 0.02, 0.01], 0.5), gpu, 1000, covered=4) == 4
+    fixed = TreeSizeController(max_nodes=16, overhead_ms=80, fixed=3)  # (a fixed size is sent whatever it promises)
+    assert fixed.deeper(beyond_path([0.2, 0.05, 0.02, 0.01], 0.5), gpu, 1000, covered=4) == 4 + 3
     assert far.deeper(beyond_path([0.98], 0.9), gpu, 1000, covered=0) == 0
     middling = beyond_path([0.9, 0.8], 0.7)
     before = far.deeper(middling, gpu, 1000, covered=2)
