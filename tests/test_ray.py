@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -33,6 +34,22 @@ def ray_instance():
     ray.shutdown()
 
 
+@contextmanager
+def fleet(config: ServerConfig):
+    """The fleet's named controller, scaled to nothing and gone at the end, failed or not (a controller left
+    behind by a failed test would hold the name the next test's takes)."""
+    import ray
+
+    from specedge.cloud.ray.controller import start_controller
+
+    controller = start_controller(config, num_cpus=1, num_gpus=0, autoscaler=None)
+    try:
+        yield controller
+    finally:
+        ray.get(controller.shutdown.remote())
+        ray.kill(controller)
+
+
 def in_pool(router: EmbeddedRouter) -> int:
     return len(router.call(router.fleet.pool))
 
@@ -45,56 +62,59 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
 
 
 def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_instance):
-    from specedge.cloud.ray.controller import start_controller
-
     ray = ray_instance
     with EmbeddedRouter(RouterConfig(port=0, policy="least-loaded")) as router:  # the sessions spread out
         config = ServerConfig(port=0, kv_pool_mb=128, threads=1, register=router.target)
-        controller = start_controller(config, num_cpus=1, num_gpus=0, autoscaler=None)
-        assert len(ray.get(controller.scale.remote(2))) == 2
-        wait_for(lambda: in_pool(router) == 2, "two replicas in the router's pool")
-        client = EdgeClient(router.target, drafter="retrieval")
-        want = [client.generate(p, chat=True, max_new_tokens=96).token_ids for p in PROMPTS]
+        with fleet(config) as controller:
+            assert len(ray.get(controller.scale.remote(2))) == 2
+            wait_for(lambda: in_pool(router) == 2, "two replicas in the router's pool")
+            client = EdgeClient(router.target, drafter="retrieval")
+            want = [client.generate(p, chat=True, max_new_tokens=96).token_ids for p in PROMPTS]
 
-        outputs: list[tuple[int, list[int]]] = []
-        moves, errors = [], []
-        running = threading.Event()
-        started = threading.Semaphore(0)
-        running.set()
+            outputs: list[tuple[int, list[int]]] = []
+            moves, errors = [], []
+            running = threading.Event()
+            started = threading.Semaphore(0)
+            running.set()
 
-        def keep_generating(i: int) -> None:  # until told to stop: scaling happens under load
+            def keep_generating(i: int) -> None:  # until told to stop: scaling happens under load
+                try:
+                    while running.is_set():
+                        result = client.generate(PROMPTS[i], chat=True, max_new_tokens=96,
+                                                 on_tokens=lambda tokens: started.release())
+                        outputs.append((i, result.token_ids))
+                        moves.append(result.resumes)
+                except BaseException as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=keep_generating, args=(i,)) for i in range(len(PROMPTS))]
+            for t in threads:
+                t.start()
             try:
-                while running.is_set():
-                    result = client.generate(PROMPTS[i], chat=True, max_new_tokens=96,
-                                             on_tokens=lambda tokens: started.release())
-                    outputs.append((i, result.token_ids))
-                    moves.append(result.resumes)
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=keep_generating, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        started.acquire(timeout=120)
-        assert len(ray.get(controller.scale.remote(3))) == 3  # while they generate
-        wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
-        assert len(ray.get(controller.scale.remote(1))) == 1  # two drain: their live sessions move
-        running.clear()
-        for t in threads:
-            t.join(timeout=300)
-        assert not errors, errors[0]
-        assert outputs and all(tokens == want[i] for i, tokens in outputs)
-        assert sum(moves) >= 1  # sessions really moved off the drained replicas
-        assert len(ray.get(controller.status.remote())) == 1
-        wait_for(lambda: in_pool(router) == 1, "the drained replicas to leave the pool")
-        ray.get(controller.shutdown.remote())
-        client.close()
+                started.acquire(timeout=120)
+                assert len(ray.get(controller.scale.remote(3))) == 3  # while they generate
+                wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
+                # The replicas holding the fewest sessions go. Clients that open at the same moment can all land
+                # on one replica (each sees the others' loads at zero), and then the two that go would hold none:
+                # wait until every replica holds a live session, as the clients' next generations spread out.
+                wait_for(lambda: all(n >= 1 for _, n in ray.get(controller.status.remote())),
+                         "a live session on every replica")
+                assert len(ray.get(controller.scale.remote(1))) == 1  # two drain: their live sessions move
+            finally:
+                running.clear()
+                for t in threads:
+                    t.join(timeout=300)
+            assert not errors, errors[0]
+            assert outputs and all(tokens == want[i] for i, tokens in outputs)
+            assert sum(moves) >= 1  # sessions really moved off the drained replicas
+            assert len(ray.get(controller.status.remote())) == 1
+            wait_for(lambda: in_pool(router) == 1, "the drained replicas to leave the pool")
+            client.close()
 
 
 def test_a_replica_registers_and_serves_over_mutual_tls_on_every_hop(ray_instance, certs):
     from test_cluster_tls import edge, serving, to_verifiers
 
-    from specedge.cloud.ray.controller import start_controller
     from specedge.edge.generation import generate
 
     ray = ray_instance
@@ -102,15 +122,14 @@ def test_a_replica_registers_and_serves_over_mutual_tls_on_every_hop(ray_instanc
             as router:
         config = ServerConfig(port=0, kv_pool_mb=64, threads=1, register=router.target,
                               register_tls_ca=str(certs / "ca.pem"), **serving(certs, "server", mutual=True))
-        controller = start_controller(config, num_cpus=1, num_gpus=0, autoscaler=None)
-        assert len(ray.get(controller.scale.remote(1))) == 1
-        wait_for(lambda: in_pool(router) == 1, "the replica to register over TLS")
-        (replica,) = [m.address for m in router.call(router.fleet.pool)]
-        params = SamplingParams(max_new_tokens=24)
-        relayed = generate(RemoteVerifier(router.target, edge(certs)).open([3, 4, 5, 6], params)).token_ids
-        direct = generate(RemoteVerifier(replica, edge(certs)).open([3, 4, 5, 6], params)).token_ids
-        assert relayed == direct and len(relayed) == 24
-        ray.get(controller.shutdown.remote())
+        with fleet(config) as controller:
+            assert len(ray.get(controller.scale.remote(1))) == 1
+            wait_for(lambda: in_pool(router) == 1, "the replica to register over TLS")
+            (replica,) = [m.address for m in router.call(router.fleet.pool)]
+            params = SamplingParams(max_new_tokens=24)
+            relayed = generate(RemoteVerifier(router.target, edge(certs)).open([3, 4, 5, 6], params)).token_ids
+            direct = generate(RemoteVerifier(replica, edge(certs)).open([3, 4, 5, 6], params)).token_ids
+            assert relayed == direct and len(relayed) == 24
 
 
 def test_the_controller_autoscales_on_sessions_per_replica_with_an_injected_clock(ray_instance):
