@@ -1,15 +1,19 @@
 """Linear layers with weights pre-packed for the CPU's matrix kernels.
 
-Measured here (2-core AVX2, fp32): oneDNN with a pre-packed weight runs SmolLM2's 30 layers in 35 ms for
-1 token, 32 ms for 4 and 55 ms for 16, against 39 / 74 / 92 ms for `F.linear` on the row-major weight.
-Flat cost across small token counts is exactly what tree verification needs. Elsewhere (CUDA, builds
-without oneDNN) the plain weight and `F.linear` are used.
+On an AVX2/FMA CPU the weights are packed for this project's own kernel (cloud/avx2_linear.py): a pass of a few
+rows streams each weight once, so a tree of 8 nodes costs about 1.2x one token, against oneDNN's 1.5x, and one
+token costs a third less than oneDNN's (BENCHMARKS.md section 1). Elsewhere on the CPU oneDNN with a pre-packed
+weight runs them (SmolLM2's 30 layers in 35 ms for 1 token, 32 ms for 4 and 55 ms for 16, against 39 / 74 / 92
+ms for `F.linear` on the row-major weight). On CUDA, and builds without oneDNN, the plain weight and `F.linear`
+are used.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from specedge.cloud import avx2_linear
 
 
 def _onednn_available(weight: torch.Tensor) -> bool:
@@ -25,12 +29,20 @@ class Linear:
     """y = x @ weight.T for x [T, in]; `weight` is [out, in] as in torch.nn.Linear."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.packed = _onednn_available(weight)
+        self.kernel = "avx2" if avx2_linear.usable_for(weight) else "onednn" if _onednn_available(weight) else "plain"
+        self.packed = self.kernel != "plain"  # a CPU float32 layer (the plain weight is not kept)
         with torch.no_grad():
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+            if self.kernel == "avx2":
+                self.weight = avx2_linear.pack(weight)
+            elif self.kernel == "onednn":
+                self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+            else:
+                self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
+        if self.kernel == "avx2":
+            return avx2_linear.matmul(x, self.weight)
+        if self.kernel == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
         return F.linear(x, self.weight)
 
