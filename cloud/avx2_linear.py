@@ -3,7 +3,7 @@
 A verifier's passes on the CPU are a few rows each (a tree's nodes), and there a linear layer is bound by reading
 its weight: the libraries' kernels cost 1.4-1.6x a one-row pass at 4-8 rows on this project's CPU, the kernel
 here 1.1-1.2x, and its one-row pass is faster too (BENCHMARKS.md section 1). It is built once, with the system's
-C++ compiler, into the cache (a few seconds; nothing is downloaded), and loaded with ctypes. Where it cannot be
+C++ compiler, into the cache (about a second; nothing is downloaded), and loaded with ctypes. Where it cannot be
 (no AVX2/FMA, no compiler, SPECEDGE_CPU_LINEAR=onednn), `available()` is False and cloud/linear.py uses oneDNN.
 """
 

@@ -1,11 +1,11 @@
 """Linear layers with weights pre-packed for the CPU's matrix kernels.
 
 On an AVX2/FMA CPU the weights are packed for this project's own kernel (cloud/avx2_linear.py): a pass of a few
-rows streams each weight once, so a tree of 8 nodes costs about 1.2x one token, against oneDNN's 1.5x, and one
-token costs a third less than oneDNN's (BENCHMARKS.md section 1). Elsewhere on the CPU oneDNN with a pre-packed
-weight runs them (SmolLM2's 30 layers in 35 ms for 1 token, 32 ms for 4 and 55 ms for 16, against 39 / 74 / 92
-ms for `F.linear` on the row-major weight). On CUDA, and builds without oneDNN, the plain weight and `F.linear`
-are used.
+rows streams each weight once, so the linear products of a tree of 8 nodes cost about 1.2x one token's, against
+oneDNN's 1.5x, and one token's cost a quarter less than oneDNN's (BENCHMARKS.md section 1). Elsewhere on the CPU
+oneDNN with a pre-packed weight runs them (SmolLM2's 30 layers in 35 ms for 1 token, 32 ms for 4 and 55 ms for
+16, against 39 / 74 / 92 ms for `F.linear` on the row-major weight). On CUDA, and builds without oneDNN, the plain
+weight and `F.linear` are used.
 """
 
 from __future__ import annotations
