@@ -67,3 +67,15 @@ def test_turned_off_by_the_environment_the_layers_use_onednn():
     env = {**os.environ, "SPECEDGE_CPU_LINEAR": "onednn"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "onednn"
+
+
+def test_built_once_into_an_empty_cache_by_processes_started_together(tmp_path):
+    """A fresh machine: three processes start at once with nothing built; each gets the kernel, and the cache
+    holds one build of it."""
+    code = "from specedge.cloud.linear import Linear; import torch; print(Linear(torch.randn(32, 8)).kernel)"
+    env = {**os.environ, "SPECEDGE_CACHE": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    assert [p.communicate(timeout=300)[0].strip() for p in procs] == ["avx2"] * 3
+    assert len(list((tmp_path / "kernels").glob("avx2_linear-*.so"))) == 1
+    assert not list((tmp_path / "kernels").glob("*.partial"))
