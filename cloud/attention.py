@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specedge.cloud import avx2_attention
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.padded_attention import PaddedGroup, pad_groups, padded_attention
 
@@ -24,7 +25,7 @@ class SeqSlice:
     query_pos: torch.Tensor  # [n]
     key_pos: torch.Tensor  # [C]
     causal_rows: int = 0  # leading rows that are a causal chain from key 0 (a prefill with no cached prefix)
-    _bias: dict[tuple, torch.Tensor | None] = field(default_factory=dict)
+    _bias: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # masks by their form, made once
 
     def __post_init__(self) -> None:
         # A sequence's blocks are often consecutive in the pool; then its context is a view, not a gather.
@@ -60,6 +61,15 @@ class SeqSlice:
                 mask = mask[first_row:]
                 bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, -math.inf)
                 self._bias[key] = bias.repeat(group, 1)
+        return self._bias[key]
+
+    def visible(self, window: int | None, first_row: int = 0) -> torch.Tensor | None:
+        """The mask of rows [first_row, n) as bytes (1 = visible), what the CPU's attention kernel reads; None when
+        all is visible."""
+        key = ("visible", window, first_row)
+        if key not in self._bias:
+            mask = self.window_mask(window)
+            self._bias[key] = None if mask is None else mask[first_row:].to(torch.uint8).contiguous()
         return self._bias[key]
 
     def flash_rows(self, window: int | None) -> int:
@@ -131,10 +141,13 @@ def paged_attention(
         return padded_attention(q, pool.k[layer], pool.v[layer], batch.padded, scale, window)
     out = torch.empty(q.shape[0], q.shape[1] * q.shape[2], dtype=q.dtype)
     group = q.shape[1] // k.shape[1]
+    kernel = avx2_attention.usable_for(q, pool.k)
     for s in batch.seqs:
-        keys = s.context(pool.k[layer]).transpose(0, 1)  # [KVH, C, D]
-        values = s.context(pool.v[layer]).transpose(0, 1)
         first = s.start + (c := s.flash_rows(window))
+        by_kernel = kernel and (s.end - first) * len(s.ctx_slots) <= _SDPA_FROM  # it reads the pool in place
+        if c or not by_kernel:
+            keys = s.context(pool.k[layer]).transpose(0, 1)  # [KVH, C, D] (a view where the slots are consecutive)
+            values = s.context(pool.v[layer]).transpose(0, 1)
         if c:  # a prompt's prefill: SDPA's flash kernel, ~3x faster than masked scores at 800 tokens here
             # (it takes the flash path only for 4-d inputs with as many kv heads as query heads)
             o = F.scaled_dot_product_attention(q[None, s.start : first].transpose(1, 2),
@@ -142,7 +155,10 @@ def paged_attention(
                                                values[None, :, :c].repeat_interleave(group, 1),
                                                is_causal=True, scale=scale)
             out[s.start : first] = o[0].transpose(0, 1).reshape(c, -1)
-        if first < s.end:
+        if first < s.end and by_kernel:
+            avx2_attention.attention(q[first : s.end], pool.k[layer], pool.v[layer], s.ctx_slots,
+                                     s.visible(window, c), scale, out=out[first : s.end])
+        elif first < s.end:
             out[first : s.end] = grouped_attention(q[first : s.end], keys, values,
                                                    s.attention_bias(window, group, c), scale)
     return out

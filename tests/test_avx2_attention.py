@@ -1,0 +1,124 @@
+"""The verifier's own attention kernel for AVX2/FMA CPUs (cloud/avx2_attention.py): one sequence's queries over its
+slots of the paged KV pool, read in place, against float64 for the shapes a pass has (one token to a tree, a few
+keys to many, grouped query heads, masks) at either thread count; each row's result independent of the rows beside
+it; and torch's products where the kernel is turned off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from specedge.cloud import avx2_attention
+from specedge.cloud.attention import SeqSlice, StepBatch, paged_attention
+from specedge.cloud.kv_pool import KVBlockPool
+
+pytestmark = pytest.mark.skipif(not avx2_attention.available(), reason="no AVX2/FMA CPU or no C++ compiler here")
+
+
+def float64_attention(q, k_cache, v_cache, slots, mask, scale):
+    heads, kv_heads = q.shape[1], k_cache.shape[1]
+    keys = k_cache[slots].double().repeat_interleave(heads // kv_heads, 1)  # [C, H, D]
+    values = v_cache[slots].double().repeat_interleave(heads // kv_heads, 1)
+    scores = torch.einsum("nhd,chd->nhc", q.double(), keys) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+    return torch.einsum("nhc,chd->nhd", scores.softmax(-1), values).reshape(len(q), -1)
+
+
+def case(seed: int, n: int, heads: int, kv_heads: int, head_dim: int, ctx: int, masked: bool, pool_slots: int = 2048):
+    gen = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(pool_slots, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(pool_slots, kv_heads, head_dim, generator=gen)
+    slots = torch.randperm(pool_slots, generator=gen)[:ctx]  # scattered, as blocks of a long-lived pool are
+    q = torch.randn(n, heads, head_dim, generator=gen) * 2
+    mask = None
+    if masked:
+        mask = torch.rand(n, ctx, generator=gen) > 0.4
+        mask[:, 0] = True  # every row sees at least its root
+    return q, k_cache, v_cache, slots, mask
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 1, 256), (2, 2, 32), (8, 2, 128)])
+def test_matches_float64_for_the_shapes_a_pass_has(threads: int, heads: int, kv_heads: int, head_dim: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n, ctx, masked in [(1, 1, False), (1, 5, False), (2, 3, True), (3, 4, True), (9, 417, True),
+                               (1, 903, False), (17, 130, True), (5, 64, False)]:
+            q, k_cache, v_cache, slots, mask = case(n * ctx + head_dim, n, heads, kv_heads, head_dim, ctx, masked)
+            got = avx2_attention.attention(q, k_cache, v_cache, slots, mask, head_dim**-0.5)
+            want = float64_attention(q, k_cache, v_cache, slots, mask, head_dim**-0.5)
+            assert got.shape == (n, heads * head_dim) and got.dtype == torch.float32
+            assert (got.double() - want).abs().max() < 2e-6, (n, ctx, masked)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_masked_slots_count_for_nothing():
+    q, k_cache, v_cache, slots, mask = case(3, 6, 9, 3, 64, 200, masked=True)
+    mask[:, 150:] = False
+    far = k_cache.clone(), v_cache.clone()
+    far[0][slots[150:]] = 1e4  # what they hold must not leak into any row
+    far[1][slots[150:]] = -1e4
+    assert torch.equal(avx2_attention.attention(q, k_cache, v_cache, slots, mask, 0.125),
+                       avx2_attention.attention(q, *far, slots, mask, 0.125))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(threads: int):
+    """So a node verified in a tree of any size gets the bits a pass of that node alone would."""
+    q, k_cache, v_cache, slots, mask = case(4, 13, 9, 3, 64, 301, masked=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = avx2_attention.attention(q, k_cache, v_cache, slots, mask, 0.125)
+        for i in range(13):
+            alone = avx2_attention.attention(q[i : i + 1], k_cache, v_cache, slots, mask[i : i + 1], 0.125)
+            assert torch.equal(together[i], alone[0])
+            beside = avx2_attention.attention(q[max(0, i - 4) : i + 1], k_cache, v_cache, slots,
+                                              mask[max(0, i - 4) : i + 1], 0.125)
+            assert torch.equal(together[i], beside[-1])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_paged_attention_takes_the_kernel_and_agrees_with_torchs_products(monkeypatch):
+    """The same step through the pool both ways: a cached context and a tree of new tokens, and a second sequence
+    in the batch."""
+    pool = KVBlockPool(KVBlockPool.block_bytes(16, 1, 3, 64) * 32, block_size=16, num_layers=1, num_kv_heads=3,
+                       head_dim=64)
+    gen = torch.Generator().manual_seed(5)
+    pool.k.normal_(generator=gen)
+    pool.v.normal_(generator=gen)
+    tree_mask = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    seqs, new_slots = [], []
+    for start, ctx_first, cached in [(0, 0, 100), (4, 300, 37)]:
+        ctx = torch.arange(ctx_first, ctx_first + cached + 4)
+        mask = torch.cat([torch.ones(4, cached, dtype=torch.bool), tree_mask], 1)
+        seqs.append(SeqSlice(start, start + 4, ctx, mask, torch.arange(cached, cached + 4),
+                             torch.arange(cached + 4)))
+        new_slots.append(ctx[-4:])
+    batch = StepBatch(torch.zeros(8, dtype=torch.long), torch.zeros(8, dtype=torch.long), torch.cat(new_slots), seqs)
+    q, k, v = torch.randn(8, 9, 64, generator=gen), torch.randn(8, 3, 64, generator=gen), torch.randn(8, 3, 64,
+                                                                                                     generator=gen)
+    calls = []
+    real = avx2_attention.attention
+    monkeypatch.setattr(avx2_attention, "attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    by_kernel = paged_attention(q, k, v, 0, pool, batch, 0.125)
+    assert len(calls) == 2
+    monkeypatch.setattr(avx2_attention, "usable_for", lambda *a: False)
+    by_torch = paged_attention(q, k, v, 0, pool, batch, 0.125)
+    assert len(calls) == 2
+    assert torch.allclose(by_kernel, by_torch, atol=1e-5)
+
+
+def test_turned_off_by_the_environment_attention_uses_torch():
+    code = "from specedge.cloud import avx2_attention; print(avx2_attention.available())"
+    env = {**os.environ, "SPECEDGE_CPU_ATTENTION": "torch"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
