@@ -2,8 +2,8 @@
 // (cloud/avx2_attention.py builds and loads this file). The pool holds a layer's keys as [slot][kv head][dim], so
 // one head's keys are rows 256 B apart for SmolLM2: the libraries' batched products over that strided view run at a
 // few GB/s, and a one-token pass over a 900-token context spent a quarter of its time in attention (BENCHMARKS.md
-// section 1). Here each key is read where it lies, once per block of queries, and scores, softmax and the weighted
-// sum of values stay in one pass over a block's scratch row.
+// section 1). Here each key and value is read where it lies, once for all the query vectors of its kv head (a
+// block of them per thread), the values in tiles that stay in cache while every row's sums run over them.
 //
 // Every query vector's result is computed by the same sequence of operations whatever the block it falls in, so a
 // row's output does not depend on the rows beside it.
@@ -49,15 +49,6 @@ float exp_nonpositive(float x) {
   return lanes[0];
 }
 
-// The pool's rows of one head are apart by the other heads' (and other blocks'), a stride the hardware's
-// prefetcher follows poorly: the keys and values a few steps ahead are asked for explicitly.
-constexpr long kAhead = 16;
-
-inline void prefetch_rows(const float* const* rows, long count, long D) {
-  for (long i = 0; i < count; i++)
-    for (long d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(rows[i] + d), _MM_HINT_T0);
-}
-
 // Dot products of query vectors q0, q1 with keys k[0..3] (D a multiple of 8), times `scale`, into s0[0..3] and
 // s1[0..3]. Each sum runs over d in order in one lane set, then adds its lanes as ((0+1)+(2+3))+((4+5)+(6+7)),
 // whichever query and keys it is paired with.
@@ -88,7 +79,6 @@ void scores(const float* const* q, long rows, const float* const* keys, long C, 
   for (long c = 0; c < C; c += 4) {
     const float* k[4];
     for (int i = 0; i < 4; i++) k[i] = keys[c + i < C ? c + i : C - 1];  // the last block repeats its last key
-    if (c + kAhead + 4 <= C) prefetch_rows(keys + c + kAhead, 4, D);
     long r = 0;
     for (; r + 2 <= rows; r += 2) dots2x4(q[r], q[r + 1], k, D, sc, s + r * ld + c, s + (r + 1) * ld + c);
     if (r < rows) dots2x4(q[r], q[r], k, D, sc, s + r * ld + c, spare);
@@ -149,7 +139,6 @@ void weighted_values(const float* w, long ld, long rows, const float* const* val
         }
         for (long c = c0; c < c1; c++) {
           const float* v = values[c] + d0;
-          if (r == 0 && d0 == 0 && c + kAhead < C) prefetch_rows(values + c + kAhead, 1, D);
           __m256 b0 = _mm256_broadcast_ss(w0 + c), b1 = _mm256_broadcast_ss(w1 + c), y;
           y = _mm256_loadu_ps(v); a00 = _mm256_fmadd_ps(b0, y, a00); a10 = _mm256_fmadd_ps(b1, y, a10);
           y = _mm256_loadu_ps(v + 8); a01 = _mm256_fmadd_ps(b0, y, a01); a11 = _mm256_fmadd_ps(b1, y, a11);
