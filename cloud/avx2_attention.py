@@ -12,8 +12,6 @@ False and attention stays on torch's products.
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 from pathlib import Path
 
 import torch
@@ -22,20 +20,15 @@ from specedge.cloud import cpu_kernels
 
 SOURCE = Path(__file__).with_name("avx2_attention.cpp")
 
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_tried = False
+
+def _declare(library: ctypes.CDLL) -> None:
+    p, n = ctypes.c_void_p, ctypes.c_long
+    library.avx2_attention.argtypes = [p, n, n, n, n, p, p, n, p, n, p, ctypes.c_float, p, ctypes.c_int]
+    library.avx2_attention.restype = None
 
 
-def available() -> bool:
-    """The kernel is built and loaded (building it on first call), and not turned off."""
-    global _library, _tried
-    with _lock:
-        if not _tried:
-            _tried = True
-            if os.environ.get("SPECEDGE_CPU_ATTENTION", "avx2") == "avx2":
-                _library = _load()
-        return _library is not None
+_kernel = cpu_kernels.Kernel(SOURCE, "SPECEDGE_CPU_ATTENTION", "attention uses torch's products", _declare)
+available = _kernel.available  # built and loaded (on first call), and not turned off
 
 
 def usable_for(q: torch.Tensor, cache: torch.Tensor) -> bool:
@@ -63,17 +56,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slo
     elif not (out.is_contiguous() and out.shape == (n, heads * head_dim) and out.dtype == torch.float32):
         raise ValueError(f"out must be a contiguous float32 [{n}, {heads * head_dim}], got {out.dtype} {out.shape}")
     if n:
-        _library.avx2_attention(q.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-                                kv_heads * head_dim, slots.data_ptr(), len(slots),
-                                None if visible is None else visible.data_ptr(), scale, out.data_ptr(),
-                                torch.get_num_threads())
+        visible_ptr = None if visible is None else visible.data_ptr()
+        _kernel.library.avx2_attention(q.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(),
+                                       v_cache.data_ptr(), kv_heads * head_dim, slots.data_ptr(), len(slots),
+                                       visible_ptr, scale, out.data_ptr(), torch.get_num_threads())
     return out
 
-
-def _load() -> ctypes.CDLL | None:
-    library = cpu_kernels.load(SOURCE, "attention uses torch's products")
-    if library is not None:
-        p, n = ctypes.c_void_p, ctypes.c_long
-        library.avx2_attention.argtypes = [p, n, n, n, n, p, p, n, p, n, p, ctypes.c_float, p, ctypes.c_int]
-        library.avx2_attention.restype = None
-    return library

@@ -10,8 +10,6 @@ SPECEDGE_CPU_LINEAR=onednn), `available()` is False and cloud/linear.py uses one
 from __future__ import annotations
 
 import ctypes
-import os
-import threading
 from pathlib import Path
 
 import torch
@@ -21,20 +19,15 @@ from specedge.cloud import cpu_kernels
 SOURCE = Path(__file__).with_name("avx2_linear.cpp")
 PANEL = 16  # outputs per panel of the packed weight: a layer's outputs must be a multiple of it
 
-_lock = threading.Lock()
-_library: ctypes.CDLL | None = None
-_tried = False
+
+def _declare(library: ctypes.CDLL) -> None:
+    p, n = ctypes.c_void_p, ctypes.c_long
+    library.avx2_matmul.argtypes = [p, n, n, p, n, p, ctypes.c_int]
+    library.avx2_matmul.restype = None
 
 
-def available() -> bool:
-    """The kernel is built and loaded (building it on first call), and not turned off."""
-    global _library, _tried
-    with _lock:
-        if not _tried:
-            _tried = True
-            if os.environ.get("SPECEDGE_CPU_LINEAR", "avx2") == "avx2":
-                _library = _load()
-        return _library is not None
+_kernel = cpu_kernels.Kernel(SOURCE, "SPECEDGE_CPU_LINEAR", "linear layers use oneDNN", _declare)
+available = _kernel.available  # built and loaded (on first call), and not turned off
 
 
 def usable_for(weight: torch.Tensor) -> bool:
@@ -58,15 +51,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"the AVX2 kernel takes float32 inputs, got {rows.dtype}")
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
     if rows.shape[0]:
-        _library.avx2_matmul(rows.data_ptr(), rows.shape[0], k, packed.data_ptr(), n, y.data_ptr(),
-                             torch.get_num_threads())
+        _kernel.library.avx2_matmul(rows.data_ptr(), rows.shape[0], k, packed.data_ptr(), n, y.data_ptr(),
+                                    torch.get_num_threads())
     return y.reshape(*x.shape[:-1], n)
 
-
-def _load() -> ctypes.CDLL | None:
-    library = cpu_kernels.load(SOURCE, "linear layers use oneDNN")
-    if library is not None:
-        p, n = ctypes.c_void_p, ctypes.c_long
-        library.avx2_matmul.argtypes = [p, n, n, p, n, p, ctypes.c_int]
-        library.avx2_matmul.restype = None
-    return library

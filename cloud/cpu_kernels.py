@@ -13,13 +13,37 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
+from typing import Callable
 
 from specedge.common.cache import cache_root, locked
 
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC"]
 
 _log = logging.getLogger("specedge.engine")
+
+
+class Kernel:
+    """One kernel's library, built and loaded at the first `available()` unless the environment variable `switch`
+    says other than "avx2"; `declare` gives its functions their ctypes signatures."""
+
+    def __init__(self, source: Path, switch: str, fallback: str, declare: Callable[[ctypes.CDLL], None]) -> None:
+        self.source, self.switch, self.fallback, self.declare = source, switch, fallback, declare
+        self.library: ctypes.CDLL | None = None
+        self._tried = False
+        self._lock = threading.Lock()
+
+    def available(self) -> bool:
+        """The kernel is built and loaded (building it on first call), and not turned off."""
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                if os.environ.get(self.switch, "avx2") == "avx2":
+                    self.library = load(self.source, self.fallback)
+                    if self.library is not None:
+                        self.declare(self.library)
+            return self.library is not None
 
 
 def cpu_has_avx2_fma() -> bool:
