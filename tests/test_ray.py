@@ -73,6 +73,7 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
 
             outputs: list[tuple[int, list[int]]] = []
             moves, errors = [], []
+            finished = [0] * len(PROMPTS)  # generations each client has completed
             running = threading.Event()
             started = threading.Semaphore(0)
             running.set()
@@ -84,6 +85,7 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
                                                  on_tokens=lambda tokens: started.release())
                         outputs.append((i, result.token_ids))
                         moves.append(result.resumes)
+                        finished[i] += 1
                 except BaseException as e:
                     errors.append(e)
 
@@ -92,14 +94,23 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
                 t.start()
             try:
                 started.acquire(timeout=120)
-                assert len(ray.get(controller.scale.remote(3))) == 3  # while they generate
-                wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
-                # The replicas holding the fewest sessions go. Clients that open at the same moment can all land
-                # on one replica (each sees the others' loads at zero), and then the two that go would hold none:
-                # wait until every replica holds a live session, as the clients' next generations spread out.
-                wait_for(lambda: all(n >= 1 for _, n in ray.get(controller.status.remote())),
-                         "a live session on every replica")
-                assert len(ray.get(controller.scale.remote(1))) == 1  # two drain: their live sessions move
+                # The replicas holding the fewest sessions go, and a session can end between the controller's look
+                # at the loads and the drain: then the replicas that go may hold none, and nothing moves. Scale
+                # 3 -> 1 again (at most three times) until a drain has moved a session, as seen by the clients
+                # once each has finished the generation it had open during the drain.
+                for _ in range(3):
+                    assert len(ray.get(controller.scale.remote(3))) == 3  # while they generate
+                    wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
+                    # Clients that open at the same moment can all land on one replica (each sees the others'
+                    # loads at zero): wait until every replica holds a live session, as their generations spread.
+                    wait_for(lambda: all(n >= 1 for _, n in ray.get(controller.status.remote())),
+                             "a live session on every replica")
+                    before = list(finished)
+                    assert len(ray.get(controller.scale.remote(1))) == 1  # two drain: their live sessions move
+                    wait_for(lambda: errors or all(f > b for f, b in zip(finished, before)),
+                             "each client's generation open during the drain to end", timeout_s=300)
+                    if errors or sum(moves) >= 1:
+                        break
             finally:
                 running.clear()
                 for t in threads:
