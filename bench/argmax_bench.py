@@ -34,11 +34,11 @@ def main() -> None:
         hf, tokenizer = load_model(name)
         ids = torch.tensor([tokenizer(text)["input_ids"][:300]])
         with torch.inference_mode():
-            hidden = hf.model(ids).last_hidden_state[0, -16:].contiguous()  # normed, as the output layer takes
+            hidden = hf.model(ids).last_hidden_state[0, -32:].contiguous()  # normed, as the output layer takes
         head = OutputLayer(hf.lm_head.weight, getattr(getattr(hf.config, "text_config", hf.config),
                                                       "final_logit_softcapping", None))
         head.prepare()
-        for rows in [1, 2, 4, 8, 9, 12]:
+        for rows in [1, 2, 4, 8, 12, 16, 24, 32]:
             h = hidden[:rows]
             assert torch.equal(head.argmax(h), head.logits(h).argmax(-1))
             int8 = median_ms(lambda: head.argmax(h))

@@ -13,7 +13,7 @@ import weakref
 import torch
 
 from specedge.cloud.hints import top_k_hints
-from specedge.cloud.int8_argmax import MAX_ROWS, Int8Argmax
+from specedge.cloud.int8_argmax import Int8Argmax
 from specedge.cloud.linear import Linear
 from specedge.common.hints import Hints
 
@@ -82,8 +82,9 @@ class OutputLayer:
         return self._int8_argmax() is not None
 
     def _int8_argmax_for(self, h: torch.Tensor) -> Int8Argmax | None:
-        """The int8 argmax where it pays for rows h: up to MAX_ROWS of them."""
-        return self._int8_argmax() if 0 < len(h) <= MAX_ROWS else None
+        """The int8 argmax where it pays for rows h: up to its max_rows of them."""
+        fast = self._int8_argmax() if len(h) else None
+        return fast if fast is not None and len(h) <= fast.max_rows else None
 
     def _int8_argmax(self) -> Int8Argmax | None:
         # Only for a plain float32 CPU layer: softcapping in float32 can tie logits that differ, and the

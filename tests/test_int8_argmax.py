@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specedge.cloud.int8_argmax import FEW, MAX_ROWS, Int8Argmax
+from specedge.cloud.int8_argmax import FEW, MAX_K, Int8Argmax
 from specedge.cloud.linear import Linear
 from specedge.cloud.output_layer import OutputLayer
 
 pytestmark = pytest.mark.skipif(Int8Argmax.build(torch.randn(64, 16)) is None,
-                                reason="this torch or CPU has no exact fbgemm int8 kernel")
+                                reason="the int8 logits kernel cannot be built or is not exact here")
 
 
 def hidden_like_a_model(rows: int, dim: int, g: torch.Generator) -> torch.Tensor:
@@ -22,15 +22,49 @@ def hidden_like_a_model(rows: int, dim: int, g: torch.Generator) -> torch.Tensor
     return h
 
 
-@pytest.mark.parametrize("vocab,dim", [(5000, 64), (2048, 576)])
+def heads_by_instructions(weight: torch.Tensor) -> list[Int8Argmax]:
+    """The int8 argmax of `weight` with the AVX2 kernel, and with the AVX-512 VNNI one where this CPU has it."""
+    heads = []
+    for isa in (1, 2):
+        head = Int8Argmax.build(weight)
+        if isa <= head.isa:
+            head.isa = isa
+            heads.append(head)
+    return heads
+
+
+@pytest.mark.parametrize("vocab,dim", [(5000, 64), (2048, 576), (1001, 35)])
 def test_the_argmax_equals_the_float32_layers_on_random_rows(vocab, dim):
     g = torch.Generator().manual_seed(vocab)
     weight = torch.randn(vocab, dim, generator=g) * 0.05
-    head, full = Int8Argmax.build(weight), Linear(weight)
-    for rows in (1, 3, MAX_ROWS):
-        for _ in range(20):
-            h = hidden_like_a_model(rows, dim, g)
-            assert torch.equal(head(h), full(h).argmax(-1))
+    full = Linear(weight)
+    for head in heads_by_instructions(weight):
+        for rows in (1, 3, 7, 13, 25):
+            for _ in range(8):
+                h = hidden_like_a_model(rows, dim, g)
+                assert torch.equal(head(h), full(h).argmax(-1))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_kernels_integer_sums_are_exact_for_every_row_count(threads):
+    """Every row group the kernels unroll (1-6 rows with AVX2, 1-12 with VNNI, then again), a vocabulary that is
+    not a multiple of a panel, an odd dimension, and rows at the extremes of their levels."""
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(1003, 37, generator=g)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for head in heads_by_instructions(weight):
+            q = head.packed.transpose(1, 2).reshape(-1, 38)[:1003].double()
+            for rows in range(1, 27):
+                x = torch.randint(-head.levels, head.levels + 1, (rows, 38), generator=g, dtype=torch.int16)
+                x[0] = head.levels
+                row_scale = torch.rand(rows, generator=g) + 0.5
+                want = (x.double() @ q.T) * row_scale.double()[:, None] * head.scale[:1003].double()
+                got = head._logits(x, row_scale).double()
+                assert torch.allclose(got, want, rtol=1e-6, atol=0), (head.isa, rows)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_a_race_closer_than_int8_can_see_is_settled_in_float32():
@@ -84,14 +118,32 @@ def test_output_layers_over_one_weight_share_one_int8_copy():
     assert a._fast is b._fast is not None
 
 
-def test_many_rows_use_the_float32_layer():
-    """Past MAX_ROWS the int8 kernel, which reads two rows per row, costs as much as float32 does."""
+def test_many_rows_use_the_float32_layer(monkeypatch):
+    """Past its max_rows (fewer with AVX2 alone) the int8 kernel's arithmetic costs as much as float32 logits."""
     g = torch.Generator().manual_seed(4)
     weight = torch.randn(400, 32, generator=g) * 0.05
     layer = OutputLayer(weight)
-    h = hidden_like_a_model(MAX_ROWS + 5, 32, g)
+    assert layer.prepare()
+    monkeypatch.setattr(Int8Argmax, "top_k", lambda *args: pytest.fail("the int8 argmax was used"))
+    h = hidden_like_a_model(layer._fast.max_rows + 1, 32, g)
     assert torch.equal(layer.argmax(h), layer.logits(h).argmax(-1))
-    assert layer._fast is None  # not even built
+
+
+def test_a_row_with_nan_is_left_to_float32_and_the_others_settled():
+    g = torch.Generator().manual_seed(8)
+    weight = torch.randn(400, 32, generator=g) * 0.05
+    layer = OutputLayer(weight)
+    h = hidden_like_a_model(3, 32, g)
+    h[1, 5] = float("nan")
+    assert layer.prepare()
+    assert layer._fast(h)[1] == -1
+    assert torch.equal(layer.argmax(h), layer.logits(h).argmax(-1))
+
+
+def test_it_gives_at_most_max_k_largest_logits():
+    head = Int8Argmax.build(torch.randn(400, 32))
+    with pytest.raises(ValueError, match="1 to 64"):
+        head.top_k(torch.randn(2, 32), MAX_K + 1)
 
 
 def test_a_row_too_flat_to_settle_cheaply_is_left_to_float32():
