@@ -67,9 +67,11 @@ def plain_decoding(hf, engine: Engine, prompts: list[list[int]], new_tokens: int
 
 
 def verify_cost(engine: Engine, context: list[int], reps: int) -> list[dict]:
-    """Milliseconds of one pass over a chain of n random draft tokens after `context`, per n: the pass with
-    every row's logits (what sampling needs) and the greedy step (pass, argmax, verdict, commit: the int8
-    argmax of cloud/int8_argmax.py where it applies), interleaved."""
+    """Milliseconds of one pass over a chain of n draft tokens after `context`, per n: the pass with every row's
+    logits (what sampling needs) and the greedy step (pass, argmax, verdict, commit: the int8 argmax of
+    cloud/int8_argmax.py where it applies), interleaved. The drafts are slices of the context, real text as
+    retrieval drafts it: random tokens would give rows flat distributions, which the int8 argmax leaves to float32
+    logits after its own read, so the greedy step would cost more than real drafts' do."""
     seq = engine.add_sequence(context, SamplingParams())
     engine.step([(seq, DraftTree.empty())])  # prefill
     gen = torch.Generator().manual_seed(0)
@@ -77,7 +79,8 @@ def verify_cost(engine: Engine, context: list[int], reps: int) -> list[dict]:
     for n in TREE_TOKENS:
         logits_ms, greedy_ms = [], []
         for _ in range(reps + 1):
-            tree = DraftTree.chain(torch.randint(0, engine.vocab_size, (n,), generator=gen).tolist())
+            start = int(torch.randint(0, max(1, len(context) - n), (1,), generator=gen))
+            tree = DraftTree.chain((context * (1 + n // len(context)))[start : start + n])
             _, t = timed(lambda: engine.forward([(seq, tree)]))
             engine.pool.truncate(seq.seq_id, len(seq.token_ids))  # nothing committed: drop the draft's slots
             logits_ms.append(t * 1e3)

@@ -3,6 +3,10 @@ bytes read; where it cannot promise that, it is not used."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -171,3 +175,11 @@ def test_hints_from_it_have_the_exact_top_k_and_near_exact_probabilities():
     assert torch.equal(argmax, logits.argmax(-1))
     assert hints.ids == want.indices.tolist()
     assert torch.allclose(torch.tensor(hints.probs), want.values, rtol=1e-2)
+
+
+def test_turned_off_by_the_environment_greedy_steps_take_float32_logits():
+    code = ("import torch; from specedge.cloud.output_layer import OutputLayer; "
+            "print(OutputLayer(torch.randn(64, 16)).prepare())")
+    env = {**os.environ, "SPECEDGE_CPU_ARGMAX": "float32"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
