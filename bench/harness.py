@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from specedge.bench.hf_baselines import HF_BASELINES, HFBaselines
+from specedge.bench.hf_baselines import HF_BASELINES, HFBaselines, PeerFailed
 from specedge.bench.report import plot_serving, plot_speedup, progress_reporter, write_results
 from specedge.bench.specbench import Prompt
 from specedge.bench.workloads import load_prompts
@@ -152,12 +152,13 @@ def run_bench(args: argparse.Namespace) -> int:
         def check(method, prompt, ids, want, got):
             check_greedy_match(engine, method, prompt, ids, want, got)
 
-        rows = serving_rows(args, prompts, encoded, eos_token_ids(hf), check, tokenizer, local)
-        write_results(args, rows, store)
+        rows, failures = serving_rows(args, prompts, encoded, eos_token_ids(hf), check, tokenizer, local)
+        write_results(args, rows, store, failures)
         plot_serving(rows, args.out)
         return 0
 
     runs: list[Run] = []
+    failures: dict[str, str] = {}  # method -> why it was left out
     total = args.reps * len(prompts) * len(names)
     progress = progress_reporter(total)
     # One untimed warm-up generation so the first timed method does not pay for allocations.
@@ -167,7 +168,14 @@ def run_bench(args: argparse.Namespace) -> int:
         for p, ids in zip(prompts, encoded):
             reference = None
             for name in names:
-                tokens, wall, ttft, rounds, draft_ms, sizes = methods.run(name, ids, reference)
+                if name in failures:
+                    continue
+                try:
+                    tokens, wall, ttft, rounds, draft_ms, sizes = methods.run(name, ids, reference)
+                except PeerFailed as e:
+                    failures[name] = f"{e} (prompt {p.id}, {p.category})"
+                    progress(f"{name} left out: {failures[name]}")
+                    continue
                 if name == "ar":
                     reference = tokens
                 elif tokens != reference:
@@ -178,8 +186,9 @@ def run_bench(args: argparse.Namespace) -> int:
     progress(None)
     with open(args.out / "runs.jsonl", "w") as f:  # every generation, for analyses the table does not do
         f.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in runs)
-    rows = summarize(runs, names, args)
-    write_results(args, rows, store)
+    runs = [r for r in runs if r.method not in failures]
+    rows = summarize(runs, [n for n in names if n not in failures], args)
+    write_results(args, rows, store, failures)
     plot_speedup(rows, args.out)
     return 0
 
@@ -211,8 +220,8 @@ def _run_against_server(args: argparse.Namespace) -> int:
         raise SystemExit(f"specedge bench: {method} output differs from server-ar on {prompt.category}/{prompt.id} "
                          f"at token {at}: speculative decoding must be lossless")
 
-    rows = serving_rows(args, prompts, encoded, eos, check, tokenizer)
-    write_results(args, rows, None)
+    rows, failures = serving_rows(args, prompts, encoded, eos, check, tokenizer)
+    write_results(args, rows, None, failures)
     plot_serving(rows, args.out)
     return 0
 

@@ -8,18 +8,24 @@ import sys
 from pathlib import Path
 
 
-def write_results(args, rows: list[dict], store) -> None:
+def write_results(args, rows: list[dict], store, failures: dict[str, str] | None = None) -> None:
+    """results.json, results.md and the table on stdout; `failures`: method -> why it is left out (a peer that
+    raised), in both files and on stderr."""
+    failures = failures or {}
     results = {
         "rows": rows,
+        "failures": failures,
         "config": {k: str(v) for k, v in vars(args).items() if k != "run"},
         "machine": {"python": platform.python_version(), "cpu_count": _cpu_count(),
                     "torch_threads": _torch_threads(), "platform": platform.platform()},
         "datastore": store.meta if store is not None else None,
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    table = markdown(rows)
+    table = markdown(rows) + "".join(f"\n**{m} left out**: {why}\n" for m, why in failures.items())
     (args.out / "results.md").write_text(table)
     print(table)
+    for m, why in failures.items():
+        print(f"specedge bench: {m} left out of the results: {why}", file=sys.stderr)
 
 
 def markdown(rows: list[dict]) -> str:

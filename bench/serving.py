@@ -209,12 +209,14 @@ class RunningVerifier:
         return None
 
 
-def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, local=None) -> list[dict]:
+def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None,
+                 local=None) -> tuple[list[dict], dict[str, str]]:
     """Rows for every (method, concurrency, rtt) level, and with one client per category too;
     `check(method, prompt, ids, want, got)` raises on a greedy mismatch. `local(method, ids)` -> (tokens,
-    wall s) runs the in-process baselines (transformers'), once per repetition, with one client only.
+    wall s) runs the in-process baselines (transformers'), once per repetition, with one client only; one that
+    raises PeerFailed is left out, and the second return value says why (method -> reason).
     Every generation also goes to --out's runs.jsonl (e.g. as references for bench/replay.py)."""
-    from specedge.bench.hf_baselines import HF_BASELINES
+    from specedge.bench.hf_baselines import HF_BASELINES, PeerFailed
     from specedge.edge.registry import make_drafter
 
     levels = [int(c) for c in str(args.concurrency).split(",")]
@@ -233,6 +235,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
     if args.pin_cores:
         serve_args += ["--threads", "1"]
     runs: list[dict] = []
+    failures: dict[str, str] = {}
 
     def record(method: str, rep: int, concurrency: int, rtt: float | None, results: list[JobResult]) -> None:
         for r in results:
@@ -252,7 +255,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
         jobs = [encoded[i % len(encoded)] for i in range(max(len(encoded), concurrency))]
         for level, rtt in enumerate(rtts):
             per_method: dict[str, list[tuple[float, float, list[JobResult]]]] = {m: [] for m in methods}
-            local_methods = in_process if concurrency == 1 and level == 0 and local is not None else []
+            local_methods = list(in_process) if concurrency == 1 and level == 0 and local is not None else []
             per_method.update({m: [] for m in local_methods})
             for rep in range(args.reps):
                 # Odd repetitions run the methods in reverse order: a host whose speed drifts during the
@@ -278,11 +281,20 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                     kv = "" if peak is None else f", KV peak {peak / 2**20:.1f} MiB"
                     print(f"[serving] concurrency {concurrency} rtt {rtt:g} ms rep {rep + 1} {method}: "
                           f"{per_method[method][-1][0]:.1f} tokens/s{kv}", flush=True)
-                for method in local_methods:
+                for method in list(local_methods):
                     results = []
-                    for i, ids in enumerate(jobs):
-                        tokens, wall = local(method, ids)
-                        results.append(JobResult(i, tokens, None, [], [], wall_s=wall))
+                    try:
+                        for i, ids in enumerate(jobs):
+                            tokens, wall = local(method, ids)
+                            results.append(JobResult(i, tokens, None, [], [], wall_s=wall))
+                    except PeerFailed as e:
+                        p = prompts[i % len(prompts)]
+                        failures[method] = f"{e} (prompt {p.id}, {p.category})"
+                        print(f"[in-process] rep {rep + 1} {method} left out: {failures[method]}", flush=True)
+                        local_methods.remove(method)
+                        del per_method[method]
+                        runs[:] = [r for r in runs if r["method"] != method]
+                        continue
                     tps = sum(len(r.tokens) for r in results) / sum(r.wall_s for r in results)
                     per_method[method].append((tps, None, results))
                     record(method, rep, concurrency, None, results)
@@ -304,7 +316,7 @@ def serving_rows(args, prompts, encoded, eos: list[int], check, tokenizer=None, 
                                      rtt if method not in local_methods else None, args.reps, base))
     with open(args.out / "runs.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in runs)
-    return rows
+    return rows, failures
 
 
 def _job_printer(label: str, prompts, jobs: int) -> Callable[[int, dict[str, JobResult]], None]:
