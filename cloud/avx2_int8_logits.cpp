@@ -136,6 +136,14 @@ static inline __m256 bound8(const float* norms, const float* err, long j, __m256
   return _mm256_fmadd_ps(a, _mm256_loadu_ps(norms + j), _mm256_mul_ps(b, _mm256_loadu_ps(err + j)));
 }
 
+// v into best[0..k), kept largest first, where it beats the k-th.
+static inline void keep_if_larger(float* best, int k, float v) {
+  if (!(v > best[k - 1])) return;
+  int i = k - 1;
+  for (; i > 0 && best[i - 1] < v; i--) best[i] = best[i - 1];
+  best[i] = v;
+}
+
 static long row_candidates(const float* approx, long V, float a, float b, const float* norms, const float* err, int k,
                            long cap, int64_t* ids) {
   float best[64];  // the k largest lower bounds so far, largest first (k <= 64)
@@ -148,21 +156,10 @@ static long row_candidates(const float* approx, long V, float a, float b, const 
     if (!mask) continue;
     float lanes[8];
     _mm256_storeu_ps(lanes, lower);
-    for (int t = 0; t < 8; t++) {
-      float v = lanes[t];
-      if (!(mask >> t & 1) || !(v > best[k - 1])) continue;
-      int i = k - 1;
-      for (; i > 0 && best[i - 1] < v; i--) best[i] = best[i - 1];
-      best[i] = v;
-    }
+    for (int t = 0; t < 8; t++)
+      if (mask >> t & 1) keep_if_larger(best, k, lanes[t]);
   }
-  for (; j < V; j++) {
-    float v = approx[j] - (a * norms[j] + b * err[j]);
-    if (!(v > best[k - 1])) continue;
-    int i = k - 1;
-    for (; i > 0 && best[i - 1] < v; i--) best[i] = best[i - 1];
-    best[i] = v;
-  }
+  for (; j < V; j++) keep_if_larger(best, k, approx[j] - (a * norms[j] + b * err[j]));
   float floor_ = best[k - 1];
   if (!(floor_ > -INFINITY)) return 0;  // NaN, or fewer than k finite bounds: for the float32 layer
   __m256 vf = _mm256_set1_ps(floor_);
