@@ -27,7 +27,7 @@ from specedge.common.params import SamplingParams
 from specedge.edge.generation import generate
 from specedge.edge.tokenizer import EdgeTokenizer
 
-TREE_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128]
+TREE_TOKENS = [0, 1, 2, 4, 8, 16, 32, 64, 128]  # 0: a plain decoding step
 ORACLE_DEPTHS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
 
 
@@ -66,7 +66,7 @@ def plain_decoding(hf, engine: Engine, prompts: list[list[int]], new_tokens: int
             "runs": len(engine_s)}
 
 
-def verify_cost(engine: Engine, context: list[int], reps: int) -> list[dict]:
+def verify_cost(engine: Engine, context: list[int], reps: int, sizes: list[int] = TREE_TOKENS) -> list[dict]:
     """Milliseconds of one pass over a chain of n draft tokens after `context`, per n: the pass with every row's
     logits (what sampling needs) and the greedy step (pass, argmax, verdict, commit: the int8 argmax of
     cloud/int8_argmax.py where it applies), interleaved. The drafts are slices of the context, real text as
@@ -76,7 +76,7 @@ def verify_cost(engine: Engine, context: list[int], reps: int) -> list[dict]:
     engine.step([(seq, DraftTree.empty())])  # prefill
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for n in TREE_TOKENS:
+    for n in sizes:
         logits_ms, greedy_ms = [], []
         for _ in range(reps + 1):
             start = int(torch.randint(0, max(1, len(context) - n), (1,), generator=gen))
@@ -125,9 +125,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
     ap.add_argument("--context", type=int, default=400, help="context tokens before the verified tree")
     ap.add_argument("--parts", default="plain,cost,oracle", help="which of plain,cost,oracle to run")
+    ap.add_argument("--tree-tokens", default=",".join(map(str, TREE_TOKENS)),
+                    help="the cost part's draft sizes (its greedy steps price a replay's passes: bench/replay.py "
+                         "--cost cpu:FILE:MODEL)")
     ap.add_argument("--out", type=Path, default=Path("bench-out/engine"), help="output directory")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    tree_tokens = [int(n) for n in args.tree_tokens.split(",")]
     results = {"torch_threads": torch.get_num_threads(), "args": {k: str(v) for k, v in vars(args).items()},
                "models": {}}
     for name in args.models:
@@ -144,7 +148,7 @@ def main() -> None:
         log(f"{name}: plain decoding, engine vs transformers")
         plain = plain_decoding(hf, engine, prompts, args.new_tokens, args.reps) if "plain" in parts else None
         log(f"{name}: verification cost by tree size")
-        cost = verify_cost(engine, context, max(args.reps, 5)) if "cost" in parts else []
+        cost = verify_cost(engine, context, max(args.reps, 5), tree_tokens) if "cost" in parts else []
         log(f"{name}: oracle drafts")
         oracle = oracle_curve(engine, prompts, args.new_tokens, args.reps) if "oracle" in parts else []
         results["models"][name] = {"plain": plain, "verify_cost": cost, "oracle": oracle,
@@ -168,7 +172,7 @@ def markdown(results: dict) -> str:
                       "|---|" + "---|" * len(c),
                       "| ms per pass, logits | " + " | ".join(f"{x['ms']:.0f}" for x in c) + " |",
                       "| ms per greedy step | " + " | ".join(f"{x['greedy_ms']:.0f}" for x in c) + " |",
-                      "| vs 1 token | " + " | ".join(f"{x['relative']:.2f}" for x in c) + " |", ""]
+                      f"| vs {c[0]['tree_tokens']} tokens | " + " | ".join(f"{x['relative']:.2f}" for x in c) + " |", ""]
         if o := r["oracle"]:
             lines += ["| oracle depth | " + " | ".join(str(x["depth"]) for x in o) + " |",
                       "|---|" + "---|" * len(o),

@@ -36,6 +36,14 @@ round trip per token) are written and printed beside the drafters, modelled, not
         --drafters retrieval:no-hints,retrieval:no-hints@8 --rtt-ms 80 \
         --cost gpu:docs/benchmarks/gpu/h200-run9a-compiled-smollm2-135m.json:smollm2-135m
 
+`--cost cpu:FILE:MODEL` prices passes with MODEL's greedy steps as bench/engine_bench.py measured them on this
+CPU (the real model, its int8 argmax included; the default prior is SmolLM2's curve scaled to --base-ms):
+
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python bench/engine_bench.py --models gemma3-270m --parts cost \
+        --tree-tokens 0,1,2,3,4,6,8,12,16,24,32,64 --reps 9 --out bench-out/engine-gemma
+    taskset -c 0 .venv/bin/python bench/replay.py docs/benchmarks/model-drafting/refs-gemma3-270m-a.jsonl \
+        --model gemma3-270m --drafters retrieval,hybrid --timed --cost cpu:bench-out/engine-gemma/results.json:gemma3-270m
+
 With --out each generation is also written as a runs.jsonl row, so that bench/category_intervals.py gives
 per-category intervals over the prompts (`--baseline ar`: plain decoding's modelled time); with --timed the
 rows carry each round's times too, from which bench/verifier_idle.py tells where the verifier waited.
@@ -314,11 +322,12 @@ def main() -> None:
                          "verified and the nodes accepted per round")
     ap.add_argument("--by-source", action="store_true",
                     help="also print, per retrieval drafter, its nodes' acceptance by source and depth")
-    ap.add_argument("--cost", default="cpu", metavar="cpu|flat|gpu:FILE:SHAPE",
+    ap.add_argument("--cost", default="cpu", metavar="cpu|flat|cpu:FILE:MODEL|gpu:FILE:SHAPE",
                     help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior, scaled to --base-ms), "
-                         "flat (every tree costs one plain pass), or what a GPU measured for SHAPE, one session at "
+                         "flat (every tree costs one plain pass), MODEL's greedy steps as bench/engine_bench.py "
+                         "measured them here (its results.json), or what a GPU measured for SHAPE, one session at "
                          "the context nearest the prompt's (bench/gpu_bench.py's JSON; with --hints, its passes "
-                         "with hints): plain decoding then costs that shape's one-token pass, not --base-ms")
+                         "with hints): plain decoding then costs the measured one-token pass, not --base-ms")
     args = ap.parse_args()
     recorded = Recorded.load(args.runs, args.model, args.chat, args.categories, args.skip_per_category)
     prompts, prompt_ids, refs = recorded.prompts, recorded.prompt_ids, recorded.refs
@@ -407,12 +416,31 @@ def replay_costs(spec: str, base_ms: float, hints: int = 0) -> Callable[[int], C
         return lambda context: cost
     kind, _, rest = spec.partition(":")
     path, _, shape = rest.rpartition(":")
-    if kind != "gpu" or not path or not shape:
-        raise SystemExit(f"--cost {spec!r}: expected cpu, flat or gpu:FILE:SHAPE")
+    if kind not in ("cpu", "gpu") or not path or not shape:
+        raise SystemExit(f"--cost {spec!r}: expected cpu, flat, cpu:FILE:MODEL or gpu:FILE:SHAPE")
+    if kind == "cpu" and hints:
+        raise SystemExit(f"--cost {spec!r}: bench/engine_bench.py measures its steps without hints")
     try:
+        if kind == "cpu":
+            cost = greedy_step_costs(Path(path), shape)
+            return lambda context: cost
         return pass_costs(Path(path), shape, hints)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"--cost {spec!r}: {e}") from None
+
+
+def greedy_step_costs(path: Path, model: str) -> CostModel:
+    """`model`'s greedy steps by draft tokens as bench/engine_bench.py measured them on this CPU (its results.json:
+    the real model, its int8 argmax included), never cheaper for more tokens (a step's time swings by ~15%)."""
+    rows = json.loads(path.read_text())["models"][model]["verify_cost"]
+    points, last = [], 0.0
+    for r in sorted(rows, key=lambda r: r["tree_tokens"]):
+        last = max(last, r["greedy_ms"])
+        points.append((r["tree_tokens"], last))
+    if not points or points[0][0] != 0:
+        raise ValueError(f"{path}: {model}'s steps start at {points[0][0] if points else 'no'} draft tokens; "
+                         "the replay prices plain decoding by a step of 0 (engine_bench.py --tree-tokens 0,...)")
+    return CostModel(tuple(points))
 
 
 def generation_row(method: str, prompt, tokens: list[int], decode_ms: float) -> dict:

@@ -45,14 +45,15 @@ for step in "${steps[@]}"; do
         --max-new-tokens 96 --reps 2 --out $OUT/model-mix ;;
     model-replay)  # sections 6 and 8: hybrid against retrieval on separate machines, by timed replay of the
       # committed greedy outputs (docs/benchmarks/model-drafting/README.md): a half of the prompts per core,
-      # at 80 ms and 0 ms round trips, per-category intervals. About 35 minutes.
+      # at 80 ms and 0 ms round trips, per-category intervals. About 35 minutes. MODEL_REPLAY_COST: replay.py's
+      # --cost (cpu:docs/benchmarks/model-drafting/engine-gemma3-270m.json:gemma3-270m: Gemma's own steps).
       R=docs/benchmarks/model-drafting
       for rtt in ${MODEL_REPLAY_RTTS:-80 0}; do
         pids=()
         for half in a b; do
           core=$([ $half = a ] && echo 0 || echo 1)
           taskset -c $core $BIN/python bench/replay.py $R/refs-gemma3-270m-$half.jsonl --model gemma3-270m \
-            --drafters ${MODEL_REPLAY_DRAFTERS:-retrieval,hybrid} --timed --base-ms 89 --rtt-ms $rtt \
+            --drafters ${MODEL_REPLAY_DRAFTERS:-retrieval,hybrid} --timed --base-ms 89 --cost ${MODEL_REPLAY_COST:-cpu} --rtt-ms $rtt \
             --out $OUT/model-replay-$rtt-$half.jsonl > $OUT/model-replay-$rtt-$half.log 2>&1 &
           pids+=($!)
         done

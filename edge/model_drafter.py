@@ -88,7 +88,9 @@ class ModelDrafter:
         self._read_error: BaseException | None = None
         # Speculated forwards run in a thread of their own, so that the verdict need not wait for one under way
         # (median 11 ms, in 4 rounds of 10, measured in the hybrid): it ends alone, as the tail, and the next
-        # use of the model waits for it first (the verifier's next pass is under way by then).
+        # use of the model waits for it first (the verifier's next pass is under way by then). It runs at the
+        # lowest priority, as the prompt's reader does: on a one-core edge a tail would otherwise take half the
+        # core from the next tree's drafting and sending, which the verifier waits for.
         self._worker: ThreadPoolExecutor | None = None
         self._tail: tuple[Future, tuple[int, ...] | None] | None = None  # (the forward, the sequence it reads)
 
@@ -317,7 +319,7 @@ class ModelDrafter:
         kept when the next use of the model waits for it (`settle`)."""
         self.settle()
         if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="drafter-forward")
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="drafter-forward", initializer=_lowest_priority)
         future = self._worker.submit(call, *args)
         while True:
             try:

@@ -5,6 +5,8 @@ in test_greedy_equality.py (kinds model_same and model_cross)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 
 import numpy as np
@@ -234,6 +236,34 @@ def test_a_verdict_that_comes_during_a_speculated_forward_does_not_wait_for_it(r
     drafter.settle()
     after = drafter.propose(known_only=True)  # one level deeper: the tail's logits were kept
     assert after.tokens[: len(before)] == before.tokens and len(after) > len(before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads have priorities of their own on Linux")
+def test_the_models_forwards_beside_the_rounds_run_at_the_lowest_priority(real_model):
+    """On a one-core edge the prompt's reader and a speculated forward left running at the verdict must not take
+    the core from the next tree's drafting and sending, which the verifier waits for."""
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    if own >= 19:
+        pytest.skip("this test runs at the lowest priority already: nothing to tell the model's threads apart by")
+    hf, tokenizer = real_model("smollm2-135m")
+    edge_tokenizer = EdgeTokenizer.from_transformers(tokenizer)
+    drafter = make_drafter("model:smollm2-135m", tokenizer=edge_tokenizer, eos_ids=eos_token_ids(hf))
+    priorities: dict[str, set[int]] = {"prefill": set(), "logits": set()}
+
+    def recorded(name, call):
+        def run(*args):
+            priorities[name].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return call(*args)
+        return run
+
+    drafter.model.prefill = recorded("prefill", drafter.model.prefill)
+    drafter.model.logits = recorded("logits", drafter.model.logits)
+    drafter.begin(edge_tokenizer.encode(PROMPT), SamplingParams())
+    assert drafter.ready(timeout=60)
+    drafter.round_ms = 600_000.0
+    drafter.speculate(stop=lambda: False, steps=2)
+    assert priorities == {"prefill": {19}, "logits": {19}}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own  # the generation's own thread
 
 
 def _pair_probs(hf, prompt: list[int], params: SamplingParams, firsts: int) -> tuple[np.ndarray, np.ndarray, list]:

@@ -63,6 +63,36 @@ def test_replay_writes_rows_that_category_intervals_reads_with_the_printed_speed
         assert speed["suffix"] == pytest.approx(table["suffix", category][2], abs=0.01)
 
 
+def engine_bench_results(path: Path, steps_ms: dict[int, float]) -> Path:
+    """bench/engine_bench.py's results.json with greedy steps of these times (made up) by draft tokens."""
+    rows = [{"tree_tokens": n, "ms": ms, "greedy_ms": ms, "relative": 1.0} for n, ms in steps_ms.items()]
+    path.write_text(json.dumps({"models": {"smollm2-135m": {"verify_cost": rows}}}))
+    return path
+
+
+def test_replay_prices_passes_by_the_greedy_steps_engine_bench_measured(tmp_path):
+    flat = engine_bench_results(tmp_path / "flat.json", {n: 20.0 for n in (0, 1, 4, 16, 64)})
+    measured = replay(tmp_path, "--drafters", "retrieval", "--cost", f"cpu:{flat}:smollm2-135m")
+    priced = replay(tmp_path, "--drafters", "retrieval", "--cost", "flat", "--base-ms", "20")
+    assert measured.keys() == priced.keys()
+    for key, (accepted, nodes, speedup, *_) in measured.items():  # the speedup counts the drafting's own time too
+        assert [accepted, nodes] == priced[key][:2] and speedup == pytest.approx(priced[key][2], rel=0.02)
+    steep = engine_bench_results(tmp_path / "steep.json", {0: 20.0, 1: 40.0, 64: 400.0})
+    accepted, _, speedup, *_ = replay(tmp_path, "--drafters", "retrieval", "--cost", f"cpu:{steep}:smollm2-135m")[
+        "retrieval", "all"]
+    assert speedup < measured["retrieval", "all"][2]
+
+
+def test_measured_steps_never_get_cheaper_with_more_tokens_and_must_include_plain_decoding(tmp_path):
+    from specedge.bench.replay import greedy_step_costs
+
+    cost = greedy_step_costs(engine_bench_results(tmp_path / "a.json", {0: 30.0, 1: 33.0, 2: 31.0, 4: 40.0}),
+                             "smollm2-135m")
+    assert [cost.ms(n) for n in (0, 1, 2, 4)] == [30.0, 33.0, 33.0, 40.0]
+    with pytest.raises(ValueError, match="--tree-tokens 0"):
+        greedy_step_costs(engine_bench_results(tmp_path / "b.json", {1: 33.0, 4: 40.0}), "smollm2-135m")
+
+
 def pipelined_session(rtt_ms: float, output: list[int]):
     """A replay session over `rtt_ms` whose passes cost 50 ms plus 1 ms a node, after a 400 ms prefill."""
     from specedge.bench.replay import PREFILL_MS_PER_TOKEN, PipelinedReplaySession
