@@ -58,6 +58,7 @@ class TreeSizeController:
         # promised at each choice whether to go ahead: their ratio scales the worth of a bare tree ahead.
         self._filled: float | None = None
         self._promised: float | None = None
+        self._filled_nodes: float | None = None  # recent mean of the nodes the verifier drafted for a bare tree
         # Recent means of what the trees sent after a wait committed and of what waiting was priced at then,
         # for drafts made beyond a path: their ratio scales the price of waiting. That price is a draft made
         # before the verdict awaited, which the draft after it may not match: a model drafter's nodes, computed
@@ -111,7 +112,7 @@ class TreeSizeController:
         such a tree is worth its pass's token plus what that draft commits: what this one promises (the verifier
         drafts from the same text, by the same rule, knowing one token more), scaled by what the verifier's drafts
         have lately committed against such promises (under load it sizes them down; in a new session its estimates
-        start from priors)."""
+        start from priors), its pass that of the nodes the verifier has lately drafted for one."""
         if not self.overlap:
             return None
         # What waiting would send: this draft, or where it was made beyond the covered path, what it drafted
@@ -126,7 +127,7 @@ class TreeSizeController:
         if self.fill:
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
             filled = promised * _ratio(self._filled, self._promised)
-            bare = min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(wait))
+            bare = min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(self._bare_nodes(wait)))
         # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier drafts
         # there: the tree is worth its nodes where the verdict commits the path and the verifier's draft where it
         # does not, both. (Priced as one or the other, the hybrid waited in 8% of its rounds at 80 ms where
@@ -166,6 +167,12 @@ class TreeSizeController:
             return 2
         pass_ms = max(cost.ms(0), 1e-3)
         return int(min(self.max_in_flight, max(2, math.ceil((self.overhead_ms + pass_ms) / pass_ms))))
+
+    def _bare_nodes(self, unknown: int) -> int:
+        """Nodes a bare tree's pass verifies: what the verifier lately drafted for one (`unknown` before any). The
+        verifier sizes its draft by its own rule, not as the tree waiting would send, which priced the pass before
+        (BENCHMARKS.md section 6, "The live run again with the kernels")."""
+        return unknown if self._filled_nodes is None else round(self._filled_nodes)
 
     def bare_tokens(self) -> float:
         """Tokens a bare tree ahead is expected to commit: its pass's own and what the verifier's draft lately
@@ -219,5 +226,7 @@ class TreeSizeController:
                 self._awaited = None
         elif self.fill and not len(tree):  # nothing of it was left: the verifier drafted
             self._filled = _mean(self._filled, result.verifier_drafted, FILL_ALPHA)
+            if result.verified_nodes is not None:
+                self._filled_nodes = _mean(self._filled_nodes, result.verified_nodes, FILL_ALPHA)
         if result.next_max_tree_tokens is not None:
             self.server_cap = result.next_max_tree_tokens

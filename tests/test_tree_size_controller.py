@@ -137,6 +137,22 @@ def test_the_worth_of_the_verifiers_drafts_follows_what_they_have_committed(comm
     assert (controller.ahead(draft, SLOW, 1000, covered=9) is not None) == goes_ahead
 
 
+@pytest.mark.parametrize("verified, goes_ahead", [(None, True), ("as-sent", True), (64, False)],
+                         ids=["not-reported", "as-waiting-sends", "a-large-draft"])
+def test_a_bare_tree_ahead_is_priced_by_the_pass_of_what_the_verifier_lately_drafted_for_one(verified, goes_ahead):
+    """The verifier's own draft for a bare tree is its pass's nodes: a draft that commits what the edge's would
+    but verifies four times the nodes costs that pass, and waiting for the verdict pays then."""
+    controller = TreeSizeController(max_nodes=64, overhead_ms=40)
+    draft = chain(0.8)
+    sent = controller.choose(draft, SLOW, 1000)
+    promised = round(sum(draft.accept_probs[:sent]))
+    nodes = sent if verified == "as-sent" else verified
+    for _ in range(40):
+        controller.observe(DraftTree.empty(), StepResult([1] * (promised + 1), [], compute_ms=120.0,
+                                                         verifier_drafted=promised, verified_nodes=nodes), ahead=True)
+    assert (controller.ahead(draft, SLOW, 1000, covered=9) is not None) == goes_ahead
+
+
 def beyond_path(path: list[float], below: float, n: int = 12) -> DraftTree:
     """The tree in flight's likeliest path (these path probabilities) as a chain, with a draft of n tokens
     below its end, each accepted with probability `below` given the one before."""
