@@ -141,7 +141,7 @@ def test_the_worth_of_the_verifiers_drafts_follows_what_they_have_committed(comm
                          ids=["not-reported", "as-waiting-sends", "a-large-draft"])
 def test_a_bare_tree_ahead_is_priced_by_the_pass_of_what_the_verifier_lately_drafted_for_one(verified, goes_ahead):
     """The verifier's own draft for a bare tree is its pass's nodes: a draft that commits what the edge's would
-    but verifies four times the nodes costs that pass, and waiting for the verdict pays then."""
+    but verifies six times the nodes costs that pass, and waiting for the verdict pays then."""
     controller = TreeSizeController(max_nodes=64, overhead_ms=40)
     draft = chain(0.8)
     sent = controller.choose(draft, SLOW, 1000)
