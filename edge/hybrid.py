@@ -69,7 +69,8 @@ class _Round:
     """One tree, from its drafting to its verdict (over a long round trip a tree goes out ahead of another's)."""
 
     drafts: tuple[DraftTree, DraftTree]  # retrieval's and the model's, hanging where the tree does
-    merged: list[_Merged]  # the tree's nodes (its notes)
+    merged: list[_Merged]  # the tree's nodes (its notes); none where the tree is retrieval's alone
+    tree: DraftTree  # the tree drafted
     ahead: bool  # drafted while another tree was in flight, to go out ahead of its verdict
     path: list[int]  # target ids it hangs below then: the likeliest path of the tree in flight
     retrieval_at_root: bool = False  # retrieval's draft has children at the root
@@ -137,9 +138,15 @@ class HybridDrafter:
         # (Without a speculation since the last tree the model computed nothing to draft from, and asking costs
         # a round the re-tokenising of the committed text, which the next speculation does beside a pass.)
         model_draft = model.propose_after(path, known_only=True) if self._speculated else DraftTree.empty()
-        rnd = _Round((retrieval.propose().after(path), model_draft), [], ahead, path, speculated=self._speculated)
+        retrieval_draft = retrieval.propose().after(path)
+        rnd = _Round((retrieval_draft, model_draft), [], retrieval_draft.prefix(self.max_nodes), ahead, path,
+                     speculated=self._speculated)
         self._speculated = False
         self._pending.append(rnd)
+        if not len(model_draft):
+            # Retrieval's own tree, its own notes: merging one source's nodes only costs the round's critical
+            # path time (0.12 ms of each round's drafting, by timed replay: BENCHMARKS.md section 6).
+            return rnd.tree
         nodes: list[_Merged] = []
         index: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged index
         for number, draft in enumerate(rnd.drafts):
@@ -171,6 +178,7 @@ class HybridDrafter:
         tree = DraftTree([n.token for n in rnd.merged], [n.parent for n in rnd.merged],
                          accept_probs=[n.estimate for n in rnd.merged], notes=list(rnd.merged))
         tree.proposals = self._proposals(tree, rnd) or None
+        rnd.tree = tree
         return tree
 
     def _proposals(self, tree: DraftTree, rnd: _Round) -> dict[int, tuple[list[int], list[float]]]:
@@ -208,6 +216,13 @@ class HybridDrafter:
         if rnd.since[: len(rnd.path)] != rnd.path:  # the verdict before did not commit the path: nothing was left
             for source in self._taking_part():
                 source.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
+            return
+        if not rnd.merged:  # the tree was retrieval's alone (or empty): its verdict is retrieval's
+            if rnd.speculated:
+                self.worth.record(0, len(result.tokens))
+            retrieval, model = self.sources
+            retrieval.observe(tree, result)
+            model.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
             return
         if rnd.speculated:
             self.worth.record(sum(0 not in tree.notes[k].where for k in result.accepted), len(result.tokens))
@@ -253,17 +268,19 @@ class HybridDrafter:
 
 
 def _likely_verdict(rnd: _Round) -> list[int]:
-    """The tokens of a round's merged tree's likeliest path, as far as it is more likely accepted than not
-    (none for a tree sent ahead: the generation loop gives its likeliest path, `then`)."""
-    merged = rnd.merged if not rnd.ahead else None
-    path, parent = [], -1
-    while merged:
-        best = max((k for k, n in enumerate(merged) if n.parent == parent), default=None,
-                   key=lambda k: merged[k].estimate)
-        if best is None or merged[best].estimate < LIKELY:
+    """The tokens of a round's tree's likeliest path, as far as it is more likely accepted than not (none for a
+    tree sent ahead: the generation loop gives its likeliest path, `then`)."""
+    tree = rnd.tree
+    if rnd.ahead or not tree.accept_probs:
+        return []
+    children, probs = tree.children(), tree.accept_probs
+    path, kids = [], children[0]
+    while kids:
+        best = max(kids, key=lambda k: probs[k])
+        if probs[best] < LIKELY:
             break
-        path.append(merged[best].token)
-        parent = best
+        path.append(tree.tokens[best])
+        kids = children[best + 1]
     return path
 
 

@@ -170,7 +170,7 @@ class ModelDrafter:
         hybrid's part of a tree, edge/hybrid.py)."""
         self._known_only = known_only
         if known_only:  # nothing is read now either: a backlog read here would run beside the passes to come
-            if not self.ready(timeout=0) or not self.context or not self._known([]):
+            if not self.ready(timeout=0) or not self._may_be_known() or not self.context or not self._known([]):
                 return DraftTree.empty()
         elif self._reading_backlog():
             return DraftTree.empty()  # still reading the prompt: this round goes without a model draft
@@ -186,8 +186,12 @@ class ModelDrafter:
         """A draft hanging off `path` (target ids) as if it were committed next: over a long round trip, the
         tree to send ahead of a verdict that most likely commits `path` (edge/generation.py). The model
         drafts as deep beyond it as from the committed end; what it read of `path` stays cached."""
+        if not path:
+            return self.propose(known_only)
+        if known_only and not self._may_be_known(path):
+            return DraftTree.empty()
         context = self.context
-        if not path or not context:
+        if not context:
             return self.propose(known_only)
         self._context = self.bridge.preview(path)
         try:
@@ -337,6 +341,15 @@ class ModelDrafter:
         result = future.result()
         if key is not None:
             self._logits.setdefault(key, result.astype(np.float64))
+
+    def _may_be_known(self, path: list[int] = ()) -> bool:
+        """Whether the logits after the committed text (and `path`, target ids) may be known, asked before the
+        bridge re-tokenises what was committed: where the pass before was too short for the model to compute
+        past the verdict (most rounds on a fast verifier), the answer is no, and re-tokenising to find that
+        out had cost the round's critical path a quarter of a millisecond (BENCHMARKS.md section 6)."""
+        if not self._uncommitted and not path:
+            return True  # the context is up to date: `_known` asks
+        return self.bridge.may_become([*self._uncommitted, *path], self._logits)
 
     def _known(self, chain: list[int]) -> bool:
         return tuple(self.context + chain) in self._logits

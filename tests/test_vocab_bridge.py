@@ -137,6 +137,29 @@ def test_the_drafter_context_follows_committed_text_in_any_pieces(bridge, target
     check()
 
 
+def test_whether_a_context_may_follow_a_commit_is_never_no_for_the_context_that_follows(bridge, target):
+    """`may_become` answers from bytes, without re-tokenising; a no must be right (a wrong no only costs the
+    hybrid a model draft, but it must not happen), and it must say no to contexts that spell other text."""
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(TEXT, st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=12))
+    def check(text, pieces):
+        ids = target.encode(text, add_special_tokens=False)
+        bridge.begin([2])
+        at = 0
+        for size in pieces:
+            new = ids[at : at + size]
+            assert bridge.may_become(new, [tuple(bridge.preview(new))])
+            bridge.commit(new)
+            at += size
+
+    check()
+    bridge.begin(target.encode("The cat sat on the", add_special_tokens=False))
+    mat, dog = target.encode(" mat", add_special_tokens=False), target.encode(" dog", add_special_tokens=False)
+    after_mat = tuple(bridge.preview(mat))
+    assert bridge.may_become(mat, [after_mat]) and not bridge.may_become(dog, [after_mat])
+    assert not bridge.may_become(dog, []) and bridge.may_become(dog, [after_mat, tuple(bridge.preview(dog))])
+
+
 def test_drafted_text_becomes_target_ids_that_spell_it(bridge, target):
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(TEXT, TEXT, st.integers(min_value=0, max_value=60))
