@@ -16,16 +16,18 @@ likeliest path of the tree ahead in flight) and computes the logits after the li
 bonus tokens beyond it (ModelDrafter.speculate). After the verdict it drafts from those logits alone
 (ModelDrafter.propose with `known_only`) and runs no forward, so the model never delays a tree: a serial
 round's tree goes out as soon as the verdict is in, and a tree sent ahead (edge/generation.py) reaches the
-verifier before the pass in flight ends. Where the verdict ended somewhere the model did not compute
-beyond, the tree is retrieval's alone. Drafting after the verdict cost more than its tokens saved
-(BENCHMARKS.md section 8): the verifier sat idle while the model drafted (at 0 ms, serial rounds), or the
-tree ahead came late (at 80 ms); earlier versions therefore weighed, round by round, what the model's
-drafting added against its time. With no time after the verdict to weigh, the controller's rule over the
-merged nodes is the whole decision. What remains is the model's work beside the verifier's pass: nothing
-where edge and verifier are separate machines, and on one machine shared with the verifier it may slow the
-pass (memory bandwidth); the benchmarks' figures include it. The hybrid measures that cost from the
-verdicts' pass times, and where the model's own accepted tokens are too few to pay for it (or for the
-edge's energy), the model speculates in one pass of a few only and sits out most generations
+verifier before the pass in flight ends. Where the verdict ended somewhere the model did not compute beyond,
+the tree is retrieval's own, unmerged, and its verdict goes to retrieval as it came: on a fast verifier that
+is nearly every round, and merging and asking the model had cost each such round's critical path 0.45 ms
+(BENCHMARKS.md section 6, "Nothing merged where the model drafted nothing"). Drafting after the verdict cost
+more than its tokens saved (BENCHMARKS.md section 8): the verifier sat idle while the model drafted (at 0
+ms, serial rounds), or the tree ahead came late (at 80 ms); earlier versions therefore weighed, round by
+round, what the model's drafting added against its time. With no time after the verdict to weigh, the
+controller's rule over the merged nodes is the whole decision. What remains is the model's work beside the
+verifier's pass: nothing where edge and verifier are separate machines, and on one machine shared with the
+verifier it may slow the pass (memory bandwidth); the benchmarks' figures include it. The hybrid measures
+that cost from the verdicts' pass times, and where the model's own accepted tokens are too few to pay for it
+(or for the edge's energy), the model speculates in one pass of a few only and sits out most generations
 (edge/model_worth.py).
 
 In a generation the model sits out, the hybrid is retrieval alone, passing every call on to it.
