@@ -131,6 +131,15 @@ class DraftTree:
             depth.append(1 if parent < 0 else depth[parent] + 1)
         return depth
 
+    def likeliest_path(self) -> list[int]:
+        """Node indices from the root down to a leaf, each the likeliest child of the one before (by the
+        acceptance estimates; without them, the first child)."""
+        children, path = self.children(), []
+        probs = self.accept_probs or [1.0] * len(self)
+        while kids := children[path[-1] + 1 if path else 0]:
+            path.append(max(kids, key=lambda k: probs[k]))
+        return path
+
     def path_to(self, i: int) -> list[int]:
         """Node indices from the root's child down to node i."""
         path = []

@@ -105,7 +105,7 @@ def generate(
                     verdict = waiting.submit(_received, session.receive)
                     if in_flight:  # trees ahead: the next draft starts beyond the last one's likeliest path
                         ahead_of = in_flight[-1].tree.after(out[in_flight[-1].root :])
-                        speculate(verdict.done, then=[ahead_of.tokens[i] for i in _likeliest_path(ahead_of)])
+                        speculate(verdict.done, then=[ahead_of.tokens[i] for i in ahead_of.likeliest_path()])
                     else:
                         speculate(verdict.done)
                     step, received_at = verdict.result()
@@ -258,7 +258,7 @@ def _send_deeper(session, drafter: Drafter, controller: TreeSizeController, in_f
 
 def _drafted_below(left: DraftTree, propose_after: Callable[[list[int]], DraftTree]) -> tuple[DraftTree, int]:
     """The drafter's draft below `left`'s likeliest path, that path its first nodes; and the path's length."""
-    path = _likeliest_path(left)
+    path = left.likeliest_path()
     return _below(left, path, propose_after([left.tokens[i] for i in path])), len(path)
 
 
@@ -268,15 +268,6 @@ def _send(session, controller: TreeSizeController, in_flight: deque[_Sent], out:
     draft_ms = (time.perf_counter() - drafting_since) * 1e3
     session.send(tree, root_length=len(session.prompt_ids) + len(out), fill_tokens=controller.fill_tokens)
     in_flight.append(_Sent(tree, len(out), draft_ms, time.perf_counter(), ahead=True, covered=min(covered, len(tree))))
-
-
-def _likeliest_path(tree: DraftTree) -> list[int]:
-    """Node indices from the root down to a leaf, each the likeliest child of the one before."""
-    children, path = tree.children(), []
-    probs = tree.accept_probs or [1.0] * len(tree)
-    while kids := children[path[-1] + 1 if path else 0]:
-        path.append(max(kids, key=lambda k: probs[k]))
-    return path
 
 
 def _below(tree: DraftTree, path: list[int], draft: DraftTree) -> DraftTree:

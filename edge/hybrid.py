@@ -219,15 +219,14 @@ class HybridDrafter:
             for source in self._taking_part():
                 source.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
             return
+        if rnd.speculated:  # (a tree of retrieval's alone has none of the model's nodes)
+            model_tokens = sum(0 not in tree.notes[k].where for k in result.accepted) if rnd.merged else 0
+            self.worth.record(model_tokens, len(result.tokens))
         if not rnd.merged:  # the tree was retrieval's alone (or empty): its verdict is retrieval's
-            if rnd.speculated:
-                self.worth.record(0, len(result.tokens))
             retrieval, model = self.sources
             retrieval.observe(tree, result)
             model.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
             return
-        if rnd.speculated:
-            self.worth.record(sum(0 not in tree.notes[k].where for k in result.accepted), len(result.tokens))
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)
         for number, (source, whole) in enumerate(zip(self._taking_part(), rnd.drafts)):
@@ -275,14 +274,11 @@ def _likely_verdict(rnd: _Round) -> list[int]:
     tree = rnd.tree
     if rnd.ahead or not tree.accept_probs:
         return []
-    children, probs = tree.children(), tree.accept_probs
-    path, kids = [], children[0]
-    while kids:
-        best = max(kids, key=lambda k: probs[k])
-        if probs[best] < LIKELY:
+    path = []
+    for node in tree.likeliest_path():
+        if tree.accept_probs[node] < LIKELY:
             break
-        path.append(tree.tokens[best])
-        kids = children[best + 1]
+        path.append(tree.tokens[node])
     return path
 
 

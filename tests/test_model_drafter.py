@@ -24,7 +24,6 @@ from specedge.edge.calibration import Calibration, reached_and_accepted
 from specedge.edge.draft_model import BATCH as BATCH_TOKENS
 from specedge.edge.draft_model import DraftModel
 from specedge.edge.draft_models import draft_model_path
-from specedge.edge.generation import _likeliest_path
 from specedge.edge.model_drafter import CATCH_UP_BATCH
 from specedge.edge.registry import make_drafter
 from specedge.edge.tokenizer import EdgeTokenizer
@@ -206,9 +205,9 @@ def test_a_known_only_draft_runs_no_forward_and_holds_what_speculation_computed(
     assert len(known) > 0 and not forwards
     full = drafter.propose_after(path)
     assert len(full) > len(known) and forwards
-    chain = [known.tokens[i] for i in _likeliest_path(known)]
+    chain = [known.tokens[i] for i in known.likeliest_path()]
     # (its last token aside: SLEM may split the end of a shorter text otherwise)
-    assert [full.tokens[i] for i in _likeliest_path(full)][: len(chain) - 1] == chain[:-1]
+    assert [full.tokens[i] for i in full.likeliest_path()][: len(chain) - 1] == chain[:-1]
 
 
 def test_a_verdict_that_comes_during_a_speculated_forward_does_not_wait_for_it(real_model):

@@ -104,9 +104,9 @@ def test_a_draft_hung_below_the_likeliest_path_is_exactly_what_is_left_once_that
     its draft below. Once the verdict before commits that path, what is left is the draft itself: its nodes,
     order, notes, proposals and (given the path) estimates; the whole is a valid tree, the chain's estimates
     above the draft's."""
-    from specedge.edge.generation import _below, _likeliest_path
+    from specedge.edge.generation import _below
 
-    path = _likeliest_path(in_flight)
+    path = in_flight.likeliest_path()
     assert all(in_flight.parents[b] == a for a, b in zip([-1] + path, path))
     assert not in_flight.children()[path[-1] + 1 if path else 0]  # down to a leaf
     assert all(in_flight.accept_probs[c] <= in_flight.accept_probs[b] for a, b in zip([-1] + path, path)
