@@ -126,7 +126,10 @@ class TreeSizeController:
         filled = bare = 0.0  # what the verifier's own draft commits for a tree ahead with nothing left; its rate
         if self.fill:
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
-            filled = promised * _ratio(self._filled, self._promised)
+            # Before any is measured, the verifier's draft is priced as a wait's (it drafts from the same text):
+            # at its promise for a fresh draft, scaled as waiting is for a draft beyond a path.
+            unmeasured = self._waits_scale() if beyond else 1.0
+            filled = promised * (unmeasured if self._filled is None else _ratio(self._filled, self._promised))
             bare = min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(self._bare_nodes(wait)))
         # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier drafts
         # there: the tree is worth its nodes where the verdict commits the path and the verifier's draft where it
@@ -134,11 +137,19 @@ class TreeSizeController:
         # retrieval waited in 1%, each wait a round trip of the verifier's time: BENCHMARKS.md section 8, "Trees
         # ahead beyond a path priced with the verifier's draft".)
         unfilled = (1.0 - probs[covered - 1]) * filled if beyond and covered else 0.0
-        ahead = max(self._ahead_rate(draft, probs, cost, remaining, covered if beyond else 0, unfilled)[1], bare)
+        # A draft beyond a path, made before the verdict, is worth no more against its promise than the draft after
+        # that verdict has lately committed against it (which knew more): where waiting is scaled down, so are its
+        # nodes. (Scaled on one side only, a drafter whose trees after waits committed nothing at a prompt's start
+        # priced its nodes ahead at face value against a wait worth its pass's token: at 0 ms, it sent trees ahead
+        # where retrieval waited, BENCHMARKS.md section 6, "Trees ahead at 0 ms".)
+        worth = min(1.0, self._waits_scale()) if beyond else 1.0
+        probs_ahead = worth * probs
+        ahead = max(self._ahead_rate(draft, probs_ahead, cost, remaining, covered if beyond else 0, unfilled)[1],
+                    bare)
         if ahead <= AHEAD_MARGIN * waiting:
             self._wait_priced = promised if beyond else None
             return None
-        return covered + self._ahead_rate(draft, probs, cost, remaining, covered, unfilled)[0]
+        return covered + self._ahead_rate(draft, probs_ahead, cost, remaining, covered, unfilled)[0]
 
     def deeper(self, draft: DraftTree, cost: CostModel, remaining: int, covered: int) -> int:
         """Nodes of `draft` to send as a tree beyond the second in flight, where `draft` was made below the likeliest
@@ -185,8 +196,11 @@ class TreeSizeController:
         against it."""
         wait = self._size(fresh, cost, remaining)
         promised = sum((fresh.accept_probs or ())[:wait])
-        scale = _ratio(self._waits_committed, self._waits_priced)
-        return min(remaining, 1.0 + scale * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
+        return min(remaining, 1.0 + self._waits_scale() * promised) / (self.overhead_ms + cost.ms(wait)), promised, wait
+
+    def _waits_scale(self) -> float:
+        """What the trees sent after waits lately committed against what those waits were priced at."""
+        return _ratio(self._waits_committed, self._waits_priced)
 
     def _ahead_rate(self, draft: DraftTree, probs: np.ndarray, cost: CostModel, remaining: int, covered: int,
                     unfilled: float = 0.0, saturated: bool = False) -> tuple[int, float]:

@@ -236,6 +236,41 @@ def test_the_price_of_waiting_follows_what_the_trees_sent_after_waits_committed(
     assert (far.ahead(draft, LINEAR, 1000, covered=4, beyond=True) is None) == waits
 
 
+def _waits_that_commit_nothing(controller: TreeSizeController, draft: DraftTree, covered: int,
+                               cost: CostModel = LINEAR) -> None:
+    """Every wait the controller decides is followed by a tree that commits nothing."""
+    fresh = draft.after(draft.tokens[:covered])
+    for _ in range(40):
+        if controller.ahead(draft, cost, 1000, covered=covered, beyond=True) is None:
+            sent = fresh.prefix(controller.choose(fresh, cost, 1000))
+            controller.observe(sent, StepResult([1], [], compute_ms=20.0, rtt_ms=0.0))
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_a_draft_beyond_a_path_is_worth_no_more_ahead_than_the_draft_after_the_verdict_committed(fill):
+    """A draft beyond a path is made a verdict before the one drafted after a wait, which knows more. Where the
+    trees sent after waits commit nothing of what waiting was priced at, the nodes below the path are worth
+    nothing ahead either: at 0 ms none of them go (at most the path, for the verifier to draft below)."""
+    draft = beyond_path([0.98, 0.96, 0.94, 0.92], 0.9)
+    near = TreeSizeController(max_nodes=16, overhead_ms=0.5, fill=fill)
+    _waits_that_commit_nothing(near, draft, covered=4)
+    assert near.ahead(draft, LINEAR, 1000, covered=4, beyond=True) in (None, 4)
+
+
+def test_before_the_verifiers_draft_is_measured_a_bare_tree_ahead_is_priced_as_a_wait():
+    """The verifier drafts from the same text as the edge's draft after a wait: until what its drafts commit is
+    measured, they are priced as the waits' drafts lately committed. Where those commit nothing, the edge goes on
+    waiting at 0 ms; once the verifier's drafts are measured to commit two tokens a bare tree, it goes ahead. (On a
+    pass as long with a few nodes as with none, so that only what the trees are worth decides.)"""
+    draft = beyond_path([0.9, 0.8, 0.7, 0.6], 0.3)
+    near = TreeSizeController(max_nodes=16, overhead_ms=0.5)
+    _waits_that_commit_nothing(near, draft, covered=4, cost=FLAT_THEN_LINEAR)
+    assert near.ahead(draft, FLAT_THEN_LINEAR, 1000, covered=4, beyond=True) is None
+    for _ in range(10):
+        near.observe(DraftTree.empty(), StepResult([1, 2, 3], [], compute_ms=20.0, verifier_drafted=2), ahead=True)
+    assert near.ahead(draft, FLAT_THEN_LINEAR, 1000, covered=4, beyond=True) is not None
+
+
 def test_a_wait_decided_as_a_generation_ends_prices_nothing_in_the_next():
     """Where a generation's last verdict comes after a wait was decided, no tree follows that wait. The next
     generation's first tree (the prompt's pass, which commits no draft) is not what that wait was worth."""
