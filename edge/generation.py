@@ -3,6 +3,7 @@ in-process verifier and a remote one."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -102,19 +103,15 @@ def generate(
                 if learn is not None:
                     learn()
                 if speculate is not None and (not in_flight or propose_after is not None):  # the drafter uses the wait
-                    verdict = waiting.submit(_received, session.receive)
+                    then = {}
                     if in_flight:  # trees ahead: the next draft starts beyond the last one's likeliest path
                         ahead_of = in_flight[-1].tree.after(out[in_flight[-1].root :])
-                        speculate(verdict.done, then=[ahead_of.tokens[i] for i in ahead_of.likeliest_path()])
-                    else:
-                        speculate(verdict.done)
-                    step, received_at = verdict.result()
+                        then = {"then": [ahead_of.tokens[i] for i in ahead_of.likeliest_path()]}
+                    step, received_at = _speculating(waiting, speculate, then, session.receive)
                 else:
                     step, received_at = _received(session.receive)
             elif speculate is not None:  # an empty tree's pass too: a model drafter reads the verdict-to-be
-                verdict = waiting.submit(_received, session.step, sent.tree)
-                speculate(verdict.done)
-                step, received_at = verdict.result()
+                step, received_at = _speculating(waiting, speculate, {}, session.step, sent.tree)
             else:
                 step, received_at = _received(session.step, sent.tree)
             if not step.tokens:  # a tree ahead of the verdict that ended the generation: nothing was verified
@@ -181,6 +178,23 @@ class _Sent:
 def _received(call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
     """A verdict and when it came in (the drafter may still be using the wait then)."""
     return call(*args), time.perf_counter()
+
+
+def _speculating(waiting: ThreadPoolExecutor, speculate: Callable[..., None], kwargs: dict,
+                 call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
+    """The verdict `call(*args)` returns and when it came in, received in this thread while the drafter uses the
+    wait in `waiting`'s (`speculate`, until the verdict is in); returned once the drafter is done with it. (The
+    other way round, the verdict received in a thread of its own, every round waited a thread's wake-up for it,
+    0.13 ms of a 42 ms round by timed replay, where the drafter had nothing to do: BENCHMARKS.md section 6,
+    "Trees ahead at 0 ms".)"""
+    done = threading.Event()
+    using = waiting.submit(speculate, done.is_set, **kwargs)
+    try:
+        verdict = _received(call, *args)
+    finally:
+        done.set()
+    using.result()
+    return verdict
 
 
 def _sized(draft: DraftTree, controller: TreeSizeController | None, session, remaining: int) -> DraftTree:
