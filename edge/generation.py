@@ -183,18 +183,18 @@ def _received(call: Callable[..., StepResult], *args) -> tuple[StepResult, float
 def _speculating(waiting: ThreadPoolExecutor, speculate: Callable[..., None], kwargs: dict,
                  call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
     """The verdict `call(*args)` returns and when it came in, received in this thread while the drafter uses the
-    wait in `waiting`'s (`speculate`, until the verdict is in); returned once the drafter is done with it. (The
-    other way round, the verdict received in a thread of its own, every round waited a thread's wake-up for it,
-    0.13 ms of a 42 ms round by timed replay, where the drafter had nothing to do: BENCHMARKS.md section 6,
-    "Trees ahead at 0 ms".)"""
+    wait in `waiting`'s (`speculate`, until the verdict is in); returned once the drafter is done with it, as is
+    an error receiving it. (The other way round, the verdict received in a thread of its own, every round waited
+    for that thread's hand-over even where the drafter had nothing to do: 0.13 ms from the verdict to the drafter's
+    `observe`, against 0.09 ms so, in rounds of 42 ms by timed replay: BENCHMARKS.md section 6, "Trees ahead at
+    0 ms".)"""
     done = threading.Event()
     using = waiting.submit(speculate, done.is_set, **kwargs)
     try:
-        verdict = _received(call, *args)
+        return _received(call, *args)
     finally:
         done.set()
-    using.result()
-    return verdict
+        using.result()  # the drafter is done with the wait (an error of its own is raised here)
 
 
 def _sized(draft: DraftTree, controller: TreeSizeController | None, session, remaining: int) -> DraftTree:
