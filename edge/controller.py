@@ -122,14 +122,14 @@ class TreeSizeController:
             wait = self._size(own, cost, remaining)
             return min(len(draft), covered + wait) if self.overhead_ms > cost.ms(wait) else None
         waiting, promised, wait = self._waiting(own, cost, remaining)
+        scale = self._waits_scale() if beyond else 1.0  # (for a fresh draft, its promise as it stands)
         probs = np.asarray(draft.accept_probs, dtype=np.float64)
         filled = bare = 0.0  # what the verifier's own draft commits for a tree ahead with nothing left; its rate
         if self.fill:
             self._promised = _mean(self._promised, promised, FILL_ALPHA)
             # Before any is measured, the verifier's draft is priced as a wait's (it drafts from the same text):
             # at its promise for a fresh draft, scaled as waiting is for a draft beyond a path.
-            unmeasured = self._waits_scale() if beyond else 1.0
-            filled = promised * (unmeasured if self._filled is None else _ratio(self._filled, self._promised))
+            filled = promised * (scale if self._filled is None else _ratio(self._filled, self._promised))
             bare = min(remaining, 1.0 + filled) / self._pipelined_ms(cost.ms(self._bare_nodes(wait)))
         # Beyond a path, nothing is left where the verdict does not commit the path whole, and the verifier drafts
         # there: the tree is worth its nodes where the verdict commits the path and the verifier's draft where it
@@ -142,8 +142,7 @@ class TreeSizeController:
         # nodes. (Scaled on one side only, a drafter whose trees after waits committed nothing at a prompt's start
         # priced its nodes ahead at face value against a wait worth its pass's token: at 0 ms, it sent trees ahead
         # where retrieval waited, BENCHMARKS.md section 6, "Trees ahead at 0 ms".)
-        worth = min(1.0, self._waits_scale()) if beyond else 1.0
-        probs_ahead = worth * probs
+        probs_ahead = min(1.0, scale) * probs
         ahead = max(self._ahead_rate(draft, probs_ahead, cost, remaining, covered if beyond else 0, unfilled)[1],
                     bare)
         if ahead <= AHEAD_MARGIN * waiting:

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 from specedge.common.draft_tree import DraftTree
 from specedge.common.session import StepResult, VerifierSession
@@ -103,15 +104,15 @@ def generate(
                 if learn is not None:
                     learn()
                 if speculate is not None and (not in_flight or propose_after is not None):  # the drafter uses the wait
-                    then = {}
+                    use_wait = speculate
                     if in_flight:  # trees ahead: the next draft starts beyond the last one's likeliest path
                         ahead_of = in_flight[-1].tree.after(out[in_flight[-1].root :])
-                        then = {"then": [ahead_of.tokens[i] for i in ahead_of.likeliest_path()]}
-                    step, received_at = _speculating(waiting, speculate, then, session.receive)
+                        use_wait = partial(speculate, then=[ahead_of.tokens[i] for i in ahead_of.likeliest_path()])
+                    step, received_at = _speculating(waiting, use_wait, session.receive)
                 else:
                     step, received_at = _received(session.receive)
             elif speculate is not None:  # an empty tree's pass too: a model drafter reads the verdict-to-be
-                step, received_at = _speculating(waiting, speculate, {}, session.step, sent.tree)
+                step, received_at = _speculating(waiting, speculate, session.step, sent.tree)
             else:
                 step, received_at = _received(session.step, sent.tree)
             if not step.tokens:  # a tree ahead of the verdict that ended the generation: nothing was verified
@@ -180,7 +181,7 @@ def _received(call: Callable[..., StepResult], *args) -> tuple[StepResult, float
     return call(*args), time.perf_counter()
 
 
-def _speculating(waiting: ThreadPoolExecutor, speculate: Callable[..., None], kwargs: dict,
+def _speculating(waiting: ThreadPoolExecutor, speculate: Callable[[Callable[[], bool]], None],
                  call: Callable[..., StepResult], *args) -> tuple[StepResult, float]:
     """The verdict `call(*args)` returns and when it came in, received in this thread while the drafter uses the
     wait in `waiting`'s (`speculate`, until the verdict is in); returned once the drafter is done with it, as is
@@ -189,7 +190,7 @@ def _speculating(waiting: ThreadPoolExecutor, speculate: Callable[..., None], kw
     `observe`, against 0.09 ms so, in rounds of 42 ms by timed replay: BENCHMARKS.md section 6, "Trees ahead at
     0 ms".)"""
     done = threading.Event()
-    using = waiting.submit(speculate, done.is_set, **kwargs)
+    using = waiting.submit(speculate, done.is_set)
     try:
         return _received(call, *args)
     finally:
