@@ -3,13 +3,15 @@
 // one head's keys are rows 256 B apart for SmolLM2: the libraries' batched products over that strided view run at a
 // few GB/s, and a one-token pass over a 900-token context spent a quarter of its time in attention (BENCHMARKS.md
 // section 1). Here each key and value is read where it lies, once for all the query vectors of its kv head (a
-// block of them per thread), the values in tiles that stay in cache while every row's sums run over them.
+// block of them per thread), in tiles of keys that stay in cache while every row's sums run over them; with one
+// thread, every kv head's tile at once, so that the pool's rows are read in order, each whole.
 //
 // Every query vector's result is computed by the same sequence of operations whatever the block it falls in, so a
 // row's output does not depend on the rows beside it.
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -49,45 +51,56 @@ float exp_nonpositive(float x) {
   return lanes[0];
 }
 
-// Dot products of query vectors q0, q1 with keys k[0..3] (D a multiple of 8), times `scale`, into s0[0..3] and
-// s1[0..3]. Each sum runs over d in order in one lane set, then adds its lanes as ((0+1)+(2+3))+((4+5)+(6+7)),
-// whichever query and keys it is paired with.
-inline void dots2x4(const float* q0, const float* q1, const float* const* k, long D, __m256 scale, float* s0,
-                    float* s1) {
-  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+// Dot products of R query vectors q[0..R) with keys k[0..3] (D a multiple of 8), times `scale`, into s[i][0..3]. Each
+// sum runs over d in order in one lane set, then adds its lanes as ((0+1)+(2+3))+((4+5)+(6+7)): the same operations
+// for a query vector whichever others it is computed with (R is 2, and 1 for an odd last one).
+template <int R>
+inline void dots(const float* const* q, const float* const* k, long D, __m256 scale, float* const* s) {
+  __m256 a[R][4];
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < 4; j++) a[i][j] = _mm256_setzero_ps();
   for (long d = 0; d < D; d += 8) {
-    __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d), y;
-    y = _mm256_loadu_ps(k[0] + d); a00 = _mm256_fmadd_ps(x0, y, a00); a10 = _mm256_fmadd_ps(x1, y, a10);
-    y = _mm256_loadu_ps(k[1] + d); a01 = _mm256_fmadd_ps(x0, y, a01); a11 = _mm256_fmadd_ps(x1, y, a11);
-    y = _mm256_loadu_ps(k[2] + d); a02 = _mm256_fmadd_ps(x0, y, a02); a12 = _mm256_fmadd_ps(x1, y, a12);
-    y = _mm256_loadu_ps(k[3] + d); a03 = _mm256_fmadd_ps(x0, y, a03); a13 = _mm256_fmadd_ps(x1, y, a13);
+    for (int j = 0; j < 4; j++) {
+      __m256 y = _mm256_loadu_ps(k[j] + d);
+      for (int i = 0; i < R; i++) a[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + d), y, a[i][j]);
+    }
   }
-  // hadd twice leaves [lanes 0-3 of each accumulator | lanes 4-7 of each]; the halves' sum is the four dots
-  __m256 t0 = _mm256_hadd_ps(_mm256_hadd_ps(a00, a01), _mm256_hadd_ps(a02, a03));
-  __m256 t1 = _mm256_hadd_ps(_mm256_hadd_ps(a10, a11), _mm256_hadd_ps(a12, a13));
   __m128 lo = _mm256_castps256_ps128(scale);
-  _mm_storeu_ps(s0, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t0), _mm256_extractf128_ps(t0, 1)), lo));
-  _mm_storeu_ps(s1, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t1), _mm256_extractf128_ps(t1, 1)), lo));
+  for (int i = 0; i < R; i++) {
+    // hadd twice leaves [lanes 0-3 of each accumulator | lanes 4-7 of each]; the halves' sum is the four dots
+    __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[i][0], a[i][1]), _mm256_hadd_ps(a[i][2], a[i][3]));
+    _mm_storeu_ps(s[i], _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)), lo));
+  }
 }
 
-// Scaled scores s [rows][C] of the query vectors q against every key (C padded to a multiple of 4 in `s`'s
-// stride `ld`); then masked ones -inf.
-void scores(const float* const* q, long rows, const float* const* keys, long C, long D, float scale,
-            const unsigned char* const* mask, float* s, long ld) {
+// Scaled scores s [rows][C] of the query vectors q against keys [0, C) (written in 4s: C padded to a multiple of 4
+// within `s`'s stride `ld`, the last block repeating its last key).
+void scores(const float* const* q, long rows, const float* const* keys, long C, long D, float scale, float* s,
+            long ld) {
   __m256 sc = _mm256_set1_ps(scale);
-  float spare[4];
   for (long c = 0; c < C; c += 4) {
     const float* k[4];
-    for (int i = 0; i < 4; i++) k[i] = keys[c + i < C ? c + i : C - 1];  // the last block repeats its last key
+    for (int i = 0; i < 4; i++) k[i] = keys[c + i < C ? c + i : C - 1];
     long r = 0;
-    for (; r + 2 <= rows; r += 2) dots2x4(q[r], q[r + 1], k, D, sc, s + r * ld + c, s + (r + 1) * ld + c);
-    if (r < rows) dots2x4(q[r], q[r], k, D, sc, s + r * ld + c, spare);
+    for (; r + 2 <= rows; r += 2) {
+      float* out[2] = {s + r * ld + c, s + (r + 1) * ld + c};
+      dots<2>(q + r, k, D, sc, out);
+    }
+    if (r < rows) {
+      float* out[1] = {s + r * ld + c};
+      dots<1>(q + r, k, D, sc, out);
+    }
   }
+}
+
+// Masked scores -inf: mask[r] [C] (1 = visible), or null where row r sees every key.
+void mask_scores(float* s, long rows, long C, long ld, const unsigned char* const* mask) {
   for (long r = 0; r < rows; r++) {
-    if (!mask[r]) continue;
-    float* row = s + r * ld;
     const unsigned char* m = mask[r];
-    for (long j = 0; j < C; j++) row[j] = m[j] ? row[j] : -INFINITY;
+    const void* hidden = m ? std::memchr(m, 0, C) : nullptr;  // a tree's rows see all but the last few slots
+    if (!hidden) continue;
+    float* row = s + r * ld;
+    for (long j = static_cast<const unsigned char*>(hidden) - m; j < C; j++) row[j] = m[j] ? row[j] : -INFINITY;
   }
 }
 
@@ -115,92 +128,138 @@ void softmax_rows(float* s, long rows, long C, long ld, float* inv) {
   }
 }
 
-constexpr long kValueTile = 64;  // keys whose values stay in L1/L2 while every row's sums run over them
+constexpr long kTile = 32;  // keys a sweep takes at a time (32 measured a little faster than 64 or 128)
 
-// out[r] = inv[r] * sum_c w[r][c] v_c, each sum over c in order: tiles of keys, within a tile 32 dimensions of
-// two rows at a time in registers, carried between tiles in `acc` [rows][D].
-void weighted_values(const float* w, long ld, long rows, const float* const* values, long C, long D,
-                     const float* inv, float* acc, float* const* out) {
-  for (long c0 = 0; c0 < C; c0 += kValueTile) {
-    long c1 = c0 + kValueTile < C ? c0 + kValueTile : C;
-    for (long d0 = 0; d0 < D; d0 += 32) {
-      for (long r = 0; r < rows; r += 2) {
-        long r1 = r + 1 < rows ? r + 1 : r;  // an odd last row pairs with itself
-        const float *w0 = w + r * ld, *w1 = w + r1 * ld;
-        float *acc0 = acc + r * D + d0, *acc1 = acc + r1 * D + d0;
-        __m256 a00, a01, a02, a03, a10, a11, a12, a13;
-        if (c0 == 0) {
-          a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = _mm256_setzero_ps();
-        } else {
-          a00 = _mm256_loadu_ps(acc0); a01 = _mm256_loadu_ps(acc0 + 8);
-          a02 = _mm256_loadu_ps(acc0 + 16); a03 = _mm256_loadu_ps(acc0 + 24);
-          a10 = _mm256_loadu_ps(acc1); a11 = _mm256_loadu_ps(acc1 + 8);
-          a12 = _mm256_loadu_ps(acc1 + 16); a13 = _mm256_loadu_ps(acc1 + 24);
-        }
-        for (long c = c0; c < c1; c++) {
-          const float* v = values[c] + d0;
-          __m256 b0 = _mm256_broadcast_ss(w0 + c), b1 = _mm256_broadcast_ss(w1 + c), y;
-          y = _mm256_loadu_ps(v); a00 = _mm256_fmadd_ps(b0, y, a00); a10 = _mm256_fmadd_ps(b1, y, a10);
-          y = _mm256_loadu_ps(v + 8); a01 = _mm256_fmadd_ps(b0, y, a01); a11 = _mm256_fmadd_ps(b1, y, a11);
-          y = _mm256_loadu_ps(v + 16); a02 = _mm256_fmadd_ps(b0, y, a02); a12 = _mm256_fmadd_ps(b1, y, a12);
-          y = _mm256_loadu_ps(v + 24); a03 = _mm256_fmadd_ps(b0, y, a03); a13 = _mm256_fmadd_ps(b1, y, a13);
-        }
-        _mm256_storeu_ps(acc1, a10); _mm256_storeu_ps(acc1 + 8, a11);
-        _mm256_storeu_ps(acc1 + 16, a12); _mm256_storeu_ps(acc1 + 24, a13);
-        _mm256_storeu_ps(acc0, a00); _mm256_storeu_ps(acc0 + 8, a01);  // row r last: r1 may be r
-        _mm256_storeu_ps(acc0 + 16, a02); _mm256_storeu_ps(acc0 + 24, a03);
-      }
+// acc[i] (+)= sum_{c in [c0, c1)} w[i][c] v_c (set where c0 is 0) for R rows, dimensions [d0, d0 + 32), each sum
+// over c in order in registers: the same operations for a row whichever others it is computed with.
+template <int R>
+inline void weighted_rows(const float* const* w, const float* const* values, long c0, long c1, long d0,
+                          float* const* acc) {
+  __m256 a[R][4];
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < 4; j++) a[i][j] = c0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(acc[i] + d0 + 8 * j);
+  for (long c = c0; c < c1; c++) {
+    const float* v = values[c] + d0;
+    __m256 b[R];
+    for (int i = 0; i < R; i++) b[i] = _mm256_broadcast_ss(w[i] + c);
+    for (int j = 0; j < 4; j++) {
+      __m256 y = _mm256_loadu_ps(v + 8 * j);
+      for (int i = 0; i < R; i++) a[i][j] = _mm256_fmadd_ps(b[i], y, a[i][j]);
     }
   }
-  for (long r = 0; r < rows; r++) {
-    __m256 scale = _mm256_set1_ps(inv[r]);
-    for (long d = 0; d < D; d += 8) _mm256_storeu_ps(out[r] + d, _mm256_mul_ps(_mm256_loadu_ps(acc + r * D + d), scale));
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc[i] + d0 + 8 * j, a[i][j]);
+}
+
+// acc[r] (+)= sum_{c in [c0, c1)} w[r][c] v_c for rows of weights w (stride ld) and of acc [rows][D]: two rows at a
+// time, an odd last one alone.
+void weighted_values(const float* w, long ld, long rows, const float* const* values, long c0, long c1, long D,
+                     float* acc) {
+  for (long d0 = 0; d0 < D; d0 += 32) {
+    long r = 0;
+    for (; r + 2 <= rows; r += 2) {
+      const float* wr[2] = {w + r * ld, w + (r + 1) * ld};
+      float* ar[2] = {acc + r * D, acc + (r + 1) * D};
+      weighted_rows<2>(wr, values, c0, c1, d0, ar);
+    }
+    if (r < rows) {
+      const float* wr[1] = {w + r * ld};
+      float* ar[1] = {acc + r * D};
+      weighted_rows<1>(wr, values, c0, c1, d0, ar);
+    }
   }
 }
+
+// Asks the caches for `bytes` at each of rows[c0, c1), ahead of their use: a sweep's next tile, whose rows the
+// hardware's prefetchers do not find in time (a pass's attention took ~3.5x the time of its reads plus its arithmetic).
+void prefetch(const float* const* rows, long c0, long c1, long bytes) {
+  for (long c = c0; c < c1; c++) {
+    const char* row = reinterpret_cast<const char*>(rows[c]);
+    for (long b = 0; b < bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T1);
+  }
+}
+
+// Query vectors [first, first + rows) of kv head h, and what a task keeps of them.
+struct Part {
+  long h, first, rows;
+  std::vector<const float*> keys, values, q;
+  std::vector<float*> out;
+  std::vector<const unsigned char*> mask;
+  std::vector<float> s, acc, inv;
+};
 
 }  // namespace
 
 // out [n][H * D] = attention of q [n][H][D] over one sequence's context: the C pool slots `slots`, whose keys and
 // values for kv head h start at k_cache / v_cache + slot * slot_stride + h * D. Query head h reads kv head
 // h / (H / KVH). mask [n][C] (1 = visible), or null when every row sees every slot. D must be a multiple of 32.
-// Each kv head's query vectors are one task, split in as many blocks as keep `threads` busy (OpenMP, the runtime
-// torch itself uses): a block reads its keys and values once.
+// The query vectors of each kv head are split in as many blocks as keep `threads` busy (OpenMP, the runtime torch
+// itself uses), a block reading its keys and values once; with one thread, every head is one task, its keys and
+// values read in one sweep over the slots: a slot's heads lie side by side in the pool, so the sweep streams the
+// pool's rows in order where a head at a time reads a part of each row and skips the rest.
 extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D, const float* k_cache,
                                const float* v_cache, long slot_stride, const long* slots, long C,
                                const unsigned char* mask, float scale, float* out, int threads) {
   long group = H / KVH, vectors = group * n;
   long splits = threads > KVH ? (threads + KVH - 1) / KVH : 1;
   long block = (vectors + splits - 1) / splits;
-  block += block % 2;  // query vectors go in pairs
+  block += block % 2;  // query vectors go in pairs (an odd one is left for the last block)
   long blocks = (vectors + block - 1) / block, ld = (C + 3) / 4 * 4;
+  long heads_per_task = threads > 1 ? 1 : KVH;
+  long tasks = KVH / heads_per_task * blocks;
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    std::vector<float> s(block * ld), acc(block * D);
-    std::vector<const float*> keys(C), values(C), qv(block);
-    std::vector<float*> ov(block);
-    std::vector<const unsigned char*> mv(block);
-    std::vector<float> inv(block);
-    long last_head = -1;
+    std::vector<Part> parts(heads_per_task);
 #pragma omp for schedule(static)
-    for (long task = 0; task < KVH * blocks; task++) {
-      long h = task / blocks, first = task % blocks * block;
-      long rows = vectors - first < block ? vectors - first : block;
-      if (h != last_head) {
-        for (long c = 0; c < C; c++) {
-          keys[c] = k_cache + slots[c] * slot_stride + h * D;
-          values[c] = v_cache + slots[c] * slot_stride + h * D;
+    for (long task = 0; task < tasks; task++) {
+      long first = task % blocks * block, rows = vectors - first < block ? vectors - first : block;
+      for (long j = 0; j < heads_per_task; j++) {
+        Part& p = parts[j];
+        long h = task / blocks * heads_per_task + j;
+        if (p.keys.empty() || p.h != h) {
+          p.keys.resize(C), p.values.resize(C);
+          for (long c = 0; c < C; c++) {
+            p.keys[c] = k_cache + slots[c] * slot_stride + h * D;
+            p.values[c] = v_cache + slots[c] * slot_stride + h * D;
+          }
+          p.s.resize(block * ld), p.acc.resize(block * D), p.inv.resize(block);
+          p.q.resize(block), p.out.resize(block), p.mask.resize(block);
         }
-        last_head = h;
+        p.h = h, p.first = first, p.rows = rows;
+        for (long r = 0; r < rows; r++) {  // vector v of kv head h: token v / group, query head h * group + v % group
+          long v = first + r, token = v / group, head = h * group + v % group;
+          p.q[r] = q + (token * H + head) * D;
+          p.out[r] = out + (token * H + head) * D;
+          p.mask[r] = mask ? mask + token * C : nullptr;
+        }
       }
-      for (long r = 0; r < rows; r++) {  // vector j of kv head h: token j / group, query head h * group + j % group
-        long j = first + r, token = j / group, head = h * group + j % group;
-        qv[r] = q + (token * H + head) * D;
-        ov[r] = out + (token * H + head) * D;
-        mv[r] = mask ? mask + token * C : nullptr;
+      long row_bytes = heads_per_task * D * sizeof(float);  // the task's heads lie side by side in a slot's row
+      auto next_tile = [&](const std::vector<const float*>& rows, long c1) {
+        prefetch(rows.data(), c1, c1 + kTile < C ? c1 + kTile : C, row_bytes);
+      };
+      for (long c0 = 0; c0 < C; c0 += kTile) {
+        long c1 = c0 + kTile < C ? c0 + kTile : C;
+        if (c1 < C) next_tile(parts[0].keys, c1);
+        else next_tile(parts[0].values, 0);
+        for (Part& p : parts)
+          scores(p.q.data(), p.rows, p.keys.data() + c0, c1 - c0, D, scale, p.s.data() + c0, ld);
       }
-      scores(qv.data(), rows, keys.data(), C, D, scale, mv.data(), s.data(), ld);
-      softmax_rows(s.data(), rows, C, ld, inv.data());
-      weighted_values(s.data(), ld, rows, values.data(), C, D, inv.data(), acc.data(), ov.data());
+      for (Part& p : parts) {
+        mask_scores(p.s.data(), p.rows, C, ld, p.mask.data());
+        softmax_rows(p.s.data(), p.rows, C, ld, p.inv.data());
+      }
+      for (long c0 = 0; c0 < C; c0 += kTile) {
+        long c1 = c0 + kTile < C ? c0 + kTile : C;
+        if (c1 < C) next_tile(parts[0].values, c1);
+        for (Part& p : parts) weighted_values(p.s.data(), ld, p.rows, p.values.data(), c0, c1, D, p.acc.data());
+      }
+      for (Part& p : parts) {
+        for (long r = 0; r < p.rows; r++) {
+          __m256 inv = _mm256_set1_ps(p.inv[r]);
+          const float* acc = p.acc.data() + r * D;
+          for (long d = 0; d < D; d += 8) _mm256_storeu_ps(p.out[r] + d, _mm256_mul_ps(_mm256_loadu_ps(acc + d), inv));
+        }
+      }
     }
   }
 }

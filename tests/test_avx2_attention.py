@@ -87,6 +87,20 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(threads: int):
         torch.set_num_threads(before)
 
 
+def test_a_rows_result_does_not_depend_on_the_thread_count():
+    """One thread sweeps every kv head at once, more split them: the same operations on each row either way."""
+    q, k_cache, v_cache, slots, mask = case(6, 7, 9, 3, 64, 333, masked=True)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(avx2_attention.attention(q, k_cache, v_cache, slots, mask, 0.125))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
 def test_paged_attention_takes_the_kernel_and_agrees_with_torchs_products(monkeypatch):
     """The same step through the pool both ways: a cached context and a tree of new tokens, and a second sequence
     in the batch."""
