@@ -22,12 +22,22 @@ PANEL = 16  # outputs per panel of the packed weight: a layer's outputs must be 
 
 def _declare(library: ctypes.CDLL) -> None:
     p, n = ctypes.c_void_p, ctypes.c_long
-    library.avx2_matmul.argtypes = [p, n, n, p, n, p, ctypes.c_int]
+    library.avx2_matmul.argtypes = [p, n, n, p, n, p, ctypes.c_int, ctypes.c_int]
     library.avx2_matmul.restype = None
+    library.avx2_matmul_isa.argtypes = []
+    library.avx2_matmul_isa.restype = ctypes.c_int
 
 
 _kernel = cpu_kernels.Kernel(SOURCE, "SPECEDGE_CPU_LINEAR", "linear layers use oneDNN", _declare)
 available = _kernel.available  # built and loaded (on first call), and not turned off
+_isa: list[int] = []  # the instructions it runs with here: 2 AVX-512, 1 AVX2 (asked once)
+
+
+def isa() -> int:
+    """2 where the kernel runs on AVX-512 here (sums of up to 16 rows in registers), 1 on AVX2 (6): the same bits."""
+    if not _isa:
+        _isa.append(_kernel.library.avx2_matmul_isa())
+    return _isa[0]
 
 
 def usable_for(weight: torch.Tensor) -> bool:
@@ -42,8 +52,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().reshape(n // PANEL, PANEL, k).transpose(1, 2).contiguous()
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [..., K] @ W.T for W packed by `pack`: [..., N]."""
+def matmul(x: torch.Tensor, packed: torch.Tensor, instructions: int | None = None) -> torch.Tensor:
+    """x [..., K] @ W.T for W packed by `pack`: [..., N]; `instructions` as `isa` says (None: the best here)."""
     panels, k, _ = packed.shape
     n = panels * PANEL
     rows = x.reshape(-1, k).contiguous()
@@ -52,6 +62,6 @@ def matmul(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     y = torch.empty(rows.shape[0], n, dtype=torch.float32)
     if rows.shape[0]:
         _kernel.library.avx2_matmul(rows.data_ptr(), rows.shape[0], k, packed.data_ptr(), n, y.data_ptr(),
-                                    torch.get_num_threads())
+                                    torch.get_num_threads(), instructions or isa())
     return y.reshape(*x.shape[:-1], n)
 

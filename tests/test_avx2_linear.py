@@ -27,7 +27,7 @@ def test_products_match_float64_for_every_row_count(threads: int, out_features: 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for rows in list(range(0, 14)) + [31, 64, 129]:  # every remainder of the kernel's row groups of six
+        for rows in list(range(0, 20)) + [31, 64, 129]:  # every size of the kernel's row groups (6, or 16)
             x = torch.randn(rows, in_features)
             got = layer(x)
             assert got.shape == (rows, out_features) and got.dtype == torch.float32
@@ -47,6 +47,18 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
     for i in range(17):
         assert torch.equal(together[i], layer(x[i : i + 1])[0])
         assert torch.equal(together[i], layer(x[max(0, i - 5) : i + 1])[-1])
+
+
+@pytest.mark.skipif(not avx2_linear.available() or avx2_linear.isa() < 2, reason="no AVX-512 on this CPU")
+def test_avx512_gives_avx2s_bits_for_every_row_count():
+    """Where the CPU has AVX-512 a pass of up to 16 rows reads each weight once; each output still runs the same FMAs
+    in the same order, so a verifier's results do not depend on which CPU of a fleet it ran on."""
+    torch.manual_seed(3)
+    weight = torch.randn(960, 576)
+    packed = avx2_linear.pack(weight)
+    for rows in list(range(1, 20)) + [33, 64]:
+        x = torch.randn(rows, 576)
+        assert torch.equal(avx2_linear.matmul(x, packed, instructions=2), avx2_linear.matmul(x, packed, instructions=1))
 
 
 def test_leading_dimensions_and_non_contiguous_inputs():
