@@ -17,14 +17,12 @@ from __future__ import annotations
 import argparse
 import ctypes
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from specedge.cloud import avx2_attention, cpu_kernels
+from specedge.bench.kernel_at import kernel_at
+from specedge.cloud import avx2_attention
 from specedge.cloud.attention import grouped_attention
 
 SHAPES = {  # layers, query heads, kv heads, head dim
@@ -41,15 +39,9 @@ def one_pass(fn, layers: int, q, k_pool, v_pool, ctx: torch.Tensor) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def kernel_at(commit: str) -> ctypes.CDLL:
-    """The attention kernel as of `commit`, built (once, into the kernels' cache) and loaded."""
-    source = subprocess.run(["git", "show", f"{commit}:cloud/avx2_attention.cpp"], capture_output=True, check=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout
-    path = Path(tempfile.mkdtemp()) / "avx2_attention.cpp"
-    path.write_bytes(source)
-    library = cpu_kernels.load(path, "nothing")
-    if library is None:
-        raise SystemExit(f"the kernel of {commit} could not be built here")
+def attention_at(commit: str) -> ctypes.CDLL:
+    """The attention kernel as of `commit`, its functions declared as this tree's."""
+    library = kernel_at(commit, "avx2_attention.cpp")
     avx2_attention._declare(library)
     return library
 
@@ -87,7 +79,7 @@ def main() -> None:
         raise SystemExit("the AVX2 attention kernel is not available here")
     kernels = {"kernel": through(None)}
     if args.against:
-        kernels[f"kernel@{args.against}"] = through(kernel_at(args.against))
+        kernels[f"kernel@{args.against}"] = through(attention_at(args.against))
     print(f"torch threads {torch.get_num_threads()}; {args.slots} slots; ms per pass over every layer, median of "
           f"{args.reps}\n")
     extra = f" kernel@{args.against} | this / that | same bits |" if args.against else ""

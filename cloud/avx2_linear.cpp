@@ -78,13 +78,12 @@ static inline void rows6(const float* x, long K, const float* panel, const float
   _mm256_storeu_ps(o, a50); _mm256_storeu_ps(o + 8, a51);
 }
 
-// One panel for M rows, in groups of at most six of about equal size: a group of one or two after a full one would
-// read the panel again from L2 with too few sums in flight to hide the FMA's latency (+4 ms of a 5-row SmolLM2 pass
-// as four rows and one).
+// One panel for M rows, in groups of six, the last twelve or fewer in two of about equal size: a group of one or two
+// after a full one would read the panel again from L2 with too few sums in flight to hide the FMA's latency (+4 ms
+// of a 5-row SmolLM2 pass as four rows and one).
 static void panel_avx2(const float* x, long M, long K, const float* panel, const float* next, float* y, long N) {
-  long groups = (M + 5) / 6;
-  for (long r0 = 0, g = 0; g < groups; g++) {
-    long n = (M - r0) / (groups - g);
+  for (long r0 = 0; r0 < M;) {
+    long left = M - r0, n = left <= 6 ? left : left < 12 ? (left + 1) / 2 : 6;
     const float* xr = x + r0 * K;
     float* yr = y + r0 * N;
     switch (n) {
@@ -123,7 +122,7 @@ AVX512 static void panel_avx512(const float* x, long M, long K, const float* pan
                                 long N) {
   long groups = (M + 9) / 10;
   for (long r0 = 0, g = 0; g < groups; g++) {
-    long n = (M - r0) / (groups - g);  // groups of about equal size, as on AVX2
+    long n = (M - r0) / (groups - g);  // groups of about equal size
     const float* xr = x + r0 * K;
     float* yr = y + r0 * N;
     switch (n) {
