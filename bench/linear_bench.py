@@ -62,8 +62,9 @@ def main() -> None:
     calls = {"kernel": through(own, avx2_linear.isa()), "AVX2 alone": through(own, 1)}
     if args.against:
         calls[f"@{args.against}"] = through(linear_at(args.against), 1)
-    print(f"torch threads {torch.get_num_threads()}; the kernel runs on {'AVX-512' if avx2_linear.isa() == 2 else 'AVX2'}"
-          f" here; ms per pass over every layer's products, median of {args.reps}\n")
+    instructions = "AVX-512" if avx2_linear.isa() == 2 else "AVX2"
+    print(f"torch threads {torch.get_num_threads()}; the kernel runs on {instructions} here; ms per pass over every "
+          f"layer's products, median of {args.reps}\n")
     print("| model | rows | " + " | ".join(calls) + " | same bits |\n|---|---|" + "---|" * (len(calls) + 1))
     for name, (layers, shapes) in SHAPES.items():
         gen = torch.Generator().manual_seed(0)

@@ -2,7 +2,8 @@
 // this file). A pass of a few rows reads every weight once and is bound by memory there; the libraries' kernels
 // (oneDNN, MKL, OpenBLAS) cost 1.4-1.6x a one-row pass at 4-8 rows on this project's CPU, where streaming the
 // weight once with every row's sums in registers costs 1.1-1.2x (BENCHMARKS.md section 1). Each output is one
-// sum over k in order, whatever the number of rows: a row's result does not depend on the rows beside it.
+// sum over k in order, whatever the number of rows: a row's result does not depend on the rows beside it. Where the
+// CPU has AVX-512, passes of 7-20 rows keep more sums in registers (panel_avx512), with the same bits.
 #include <immintrin.h>
 
 // The next panel is fetched into L2 while this one is computed: a row group after the first reads its panel
@@ -99,8 +100,8 @@ static void panel_avx2(const float* x, long M, long K, const float* panel, const
 }
 
 // AVX-512, where the CPU has it: a panel's 16 outputs are one register, so one read of the weight serves the sums of
-// up to 10 rows (on AVX2 a pass of more than six rows reads each panel again; groups of more than 10 measured slower). Each
-// output lane runs the same FMAs over k in the same order as on AVX2: the same bits.
+// up to 10 rows (on AVX2 a pass of more than six rows reads each panel again; groups of more than 10 measured
+// slower). Each output lane runs the same FMAs over k in the same order as on AVX2: the same bits.
 #define AVX512 __attribute__((target("avx512f")))
 
 template <int R>
