@@ -179,9 +179,9 @@ void prefetch(const float* const* rows, long c0, long c1, long bytes) {
   }
 }
 
-// Query vectors [first, first + rows) of kv head h, and what a task keeps of them.
+// A block of `rows` query vectors of kv head h, and what a task keeps of them.
 struct Part {
-  long h, first, rows;
+  long h, rows;
   std::vector<const float*> keys, values, q;
   std::vector<float*> out;
   std::vector<const unsigned char*> mask;
@@ -225,7 +225,7 @@ extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D,
           p.s.resize(block * ld), p.acc.resize(block * D), p.inv.resize(block);
           p.q.resize(block), p.out.resize(block), p.mask.resize(block);
         }
-        p.h = h, p.first = first, p.rows = rows;
+        p.h = h, p.rows = rows;
         for (long r = 0; r < rows; r++) {  // vector v of kv head h: token v / group, query head h * group + v % group
           long v = first + r, token = v / group, head = h * group + v % group;
           p.q[r] = q + (token * H + head) * D;
