@@ -34,7 +34,7 @@ _isa: list[int] = []  # the instructions it runs with here: 2 AVX-512, 1 AVX2 (a
 
 
 def isa() -> int:
-    """2 where the kernel runs on AVX-512 here (sums of up to 16 rows in registers), 1 on AVX2 (6): the same bits."""
+    """2 where the kernel runs on AVX-512 here (passes of 7-20 rows in groups of up to 10), 1 on AVX2: the same bits."""
     if not _isa:
         _isa.append(_kernel.library.avx2_matmul_isa())
     return _isa[0]
