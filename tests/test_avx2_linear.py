@@ -69,6 +69,12 @@ def test_leading_dimensions_and_non_contiguous_inputs():
     assert torch.allclose(layer(x), x @ weight.T, atol=1e-5)
 
 
+def test_inputs_of_another_width_are_refused_not_read_past():
+    packed = avx2_linear.pack(torch.randn(32, 24))
+    with pytest.raises(ValueError, match="12 features for a weight of 24"):
+        avx2_linear.matmul(torch.randn(4, 12), packed)
+
+
 def test_layers_the_kernel_does_not_fit_use_onednn():
     assert Linear(torch.randn(50, 8)).kernel == "onednn"  # outputs not a multiple of the panel
     assert Linear(torch.randn(32, 8, dtype=torch.float64)).kernel == "plain"
