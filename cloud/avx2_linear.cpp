@@ -33,11 +33,14 @@ static inline void rows(const float* x, long K, const float* panel, const float*
   }
 }
 
-// Five rows, spelled out as rows6 is.
-static inline void rows5(const float* x, long K, const float* panel, const float* next, float* y, long N) {
+// Five or six rows, spelled out: as an array of ten or twelve accumulators the compiler spills them to the stack every
+// step. The sixth row's lines are compiled only for R = 6.
+template <int R>
+static inline void rows56(const float* x, long K, const float* panel, const float* next, float* y, long N) {
+  static_assert(R == 5 || R == 6);
   __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00,
-         a40 = a00, a41 = a00;
-  const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K, *x4 = x + 4 * K;
+         a40 = a00, a41 = a00, a50 = a00, a51 = a00;
+  const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K, *x4 = x + 4 * K, *x5 = x + (R - 1) * K;
   for (long k = 0; k < K; k++) {
     PREFETCH(k);
     __m256 w0 = _mm256_loadu_ps(panel + k * 16), w1 = _mm256_loadu_ps(panel + k * 16 + 8), b;
@@ -46,6 +49,9 @@ static inline void rows5(const float* x, long K, const float* panel, const float
     b = _mm256_broadcast_ss(x2 + k); a20 = _mm256_fmadd_ps(b, w0, a20); a21 = _mm256_fmadd_ps(b, w1, a21);
     b = _mm256_broadcast_ss(x3 + k); a30 = _mm256_fmadd_ps(b, w0, a30); a31 = _mm256_fmadd_ps(b, w1, a31);
     b = _mm256_broadcast_ss(x4 + k); a40 = _mm256_fmadd_ps(b, w0, a40); a41 = _mm256_fmadd_ps(b, w1, a41);
+    if constexpr (R == 6) {
+      b = _mm256_broadcast_ss(x5 + k); a50 = _mm256_fmadd_ps(b, w0, a50); a51 = _mm256_fmadd_ps(b, w1, a51);
+    }
   }
   float* o = y;
   _mm256_storeu_ps(o, a00); _mm256_storeu_ps(o + 8, a01); o += N;
@@ -53,30 +59,10 @@ static inline void rows5(const float* x, long K, const float* panel, const float
   _mm256_storeu_ps(o, a20); _mm256_storeu_ps(o + 8, a21); o += N;
   _mm256_storeu_ps(o, a30); _mm256_storeu_ps(o + 8, a31); o += N;
   _mm256_storeu_ps(o, a40); _mm256_storeu_ps(o + 8, a41);
-}
-
-// Six rows, spelled out: as an array of twelve accumulators the compiler spills them to the stack every step.
-static inline void rows6(const float* x, long K, const float* panel, const float* next, float* y, long N) {
-  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00,
-         a40 = a00, a41 = a00, a50 = a00, a51 = a00;
-  const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K, *x4 = x + 4 * K, *x5 = x + 5 * K;
-  for (long k = 0; k < K; k++) {
-    PREFETCH(k);
-    __m256 w0 = _mm256_loadu_ps(panel + k * 16), w1 = _mm256_loadu_ps(panel + k * 16 + 8), b;
-    b = _mm256_broadcast_ss(x0 + k); a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
-    b = _mm256_broadcast_ss(x1 + k); a10 = _mm256_fmadd_ps(b, w0, a10); a11 = _mm256_fmadd_ps(b, w1, a11);
-    b = _mm256_broadcast_ss(x2 + k); a20 = _mm256_fmadd_ps(b, w0, a20); a21 = _mm256_fmadd_ps(b, w1, a21);
-    b = _mm256_broadcast_ss(x3 + k); a30 = _mm256_fmadd_ps(b, w0, a30); a31 = _mm256_fmadd_ps(b, w1, a31);
-    b = _mm256_broadcast_ss(x4 + k); a40 = _mm256_fmadd_ps(b, w0, a40); a41 = _mm256_fmadd_ps(b, w1, a41);
-    b = _mm256_broadcast_ss(x5 + k); a50 = _mm256_fmadd_ps(b, w0, a50); a51 = _mm256_fmadd_ps(b, w1, a51);
+  if constexpr (R == 6) {
+    o += N;
+    _mm256_storeu_ps(o, a50); _mm256_storeu_ps(o + 8, a51);
   }
-  float* o = y;
-  _mm256_storeu_ps(o, a00); _mm256_storeu_ps(o + 8, a01); o += N;
-  _mm256_storeu_ps(o, a10); _mm256_storeu_ps(o + 8, a11); o += N;
-  _mm256_storeu_ps(o, a20); _mm256_storeu_ps(o + 8, a21); o += N;
-  _mm256_storeu_ps(o, a30); _mm256_storeu_ps(o + 8, a31); o += N;
-  _mm256_storeu_ps(o, a40); _mm256_storeu_ps(o + 8, a41); o += N;
-  _mm256_storeu_ps(o, a50); _mm256_storeu_ps(o + 8, a51);
 }
 
 // One panel for M rows, in groups of six, the last twelve or fewer in two of about equal size: a group of one or two
@@ -92,8 +78,8 @@ static void panel_avx2(const float* x, long M, long K, const float* panel, const
       case 2: rows<2>(xr, K, panel, next, yr, N); break;
       case 3: rows<3>(xr, K, panel, next, yr, N); break;
       case 4: rows<4>(xr, K, panel, next, yr, N); break;
-      case 5: rows5(xr, K, panel, next, yr, N); break;
-      default: rows6(xr, K, panel, next, yr, N); break;
+      case 5: rows56<5>(xr, K, panel, next, yr, N); break;
+      default: rows56<6>(xr, K, panel, next, yr, N); break;
     }
     r0 += n;
   }
