@@ -61,6 +61,30 @@ def wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+class HeldGeneration(threading.Thread):
+    """A generation that waits after its first round until released: a live session on its verifier for as long
+    as a test needs one."""
+
+    def __init__(self, client: EdgeClient, prompt: str) -> None:
+        super().__init__()
+        self.client, self.prompt = client, prompt
+        self.opened, self.released = threading.Event(), threading.Event()
+        self.result, self.error = None, None
+
+    def run(self) -> None:
+        def hold(tokens: list[int]) -> None:
+            self.opened.set()
+            self.released.wait(300)
+
+        try:
+            self.result = self.client.generate(self.prompt, chat=True, max_new_tokens=96, on_tokens=hold)
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.opened.set()
+            self.client.close()
+
+
 def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_instance):
     ray = ray_instance
     with EmbeddedRouter(RouterConfig(port=0, policy="least-loaded")) as router:  # the sessions spread out
@@ -72,7 +96,7 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
             want = [client.generate(p, chat=True, max_new_tokens=96).token_ids for p in PROMPTS]
 
             outputs: list[tuple[int, list[int]]] = []
-            moves, errors = [], []
+            errors: list[BaseException] = []
             finished = [0] * len(PROMPTS)  # generations each client has completed
             running = threading.Event()
             started = threading.Semaphore(0)
@@ -84,7 +108,6 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
                         result = client.generate(PROMPTS[i], chat=True, max_new_tokens=96,
                                                  on_tokens=lambda tokens: started.release())
                         outputs.append((i, result.token_ids))
-                        moves.append(result.resumes)
                         finished[i] += 1
                 except BaseException as e:
                     errors.append(e)
@@ -92,34 +115,40 @@ def test_replicas_serve_clients_and_scaling_2_3_1_under_load_loses_nothing(ray_i
             threads = [threading.Thread(target=keep_generating, args=(i,)) for i in range(len(PROMPTS))]
             for t in threads:
                 t.start()
+            held: list[HeldGeneration] = []
             try:
                 started.acquire(timeout=120)
-                # The replicas holding the fewest sessions go, and a session can end between the controller's look
-                # at the loads and the drain: then the replicas that go may hold none, and nothing moves. Scale
-                # 3 -> 1 again until a drain has moved a session, as seen by the clients once each has finished the
-                # generation it had open during the drain (for up to four minutes: three tries had all found the
-                # replicas that went empty once in CI, on a 2-core host).
-                deadline = time.monotonic() + 240
-                while time.monotonic() < deadline:
-                    assert len(ray.get(controller.scale.remote(3))) == 3  # while they generate
-                    wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
-                    # Clients that open at the same moment can all land on one replica (each sees the others'
-                    # loads at zero): wait until every replica holds a live session, as their generations spread.
-                    wait_for(lambda: all(n >= 1 for _, n in ray.get(controller.status.remote())),
-                             "a live session on every replica")
-                    before = list(finished)
-                    assert len(ray.get(controller.scale.remote(1))) == 1  # two drain: their live sessions move
-                    wait_for(lambda: errors or all(f > b for f, b in zip(finished, before)),
-                             "each client's generation open during the drain to end", timeout_s=300)
-                    if errors or sum(moves) >= 1:
-                        break
+                replicas = ray.get(controller.scale.remote(3))  # while they generate
+                wait_for(lambda: in_pool(router) == 3, "the third replica in the pool")
+                # A generation held open on every replica: whichever two go, each holds a live session to move
+                # (the other clients' sessions may all be between generations when the drain comes).
+                held = [HeldGeneration(EdgeClient([address, router.target], drafter="retrieval"), PROMPTS[i])
+                        for i, address in enumerate(replicas)]
+                for generation in held:
+                    generation.start()
+                    assert generation.opened.wait(120), "a held generation's first round"
+                before = list(finished)
+                (kept,) = ray.get(controller.scale.remote(1))  # two drain: their live sessions move
+                for generation in held:
+                    generation.released.set()
+                wait_for(lambda: errors or all(f > b for f, b in zip(finished, before)),
+                         "each client's generation open during the drain to end", timeout_s=300)
             finally:
                 running.clear()
                 for t in threads:
                     t.join(timeout=300)
+                for generation in held:
+                    generation.released.set()
+                    generation.join(timeout=300)
             assert not errors, errors[0]
             assert outputs and all(tokens == want[i] for i, tokens in outputs)
-            assert sum(moves) >= 1  # sessions really moved off the drained replicas
+            for i, (address, generation) in enumerate(zip(replicas, held)):
+                assert generation.error is None, generation.error
+                assert generation.result.token_ids == want[i]
+                if address == kept:
+                    assert generation.result.resumes == 0  # its replica stayed
+                else:
+                    assert generation.result.resumes >= 1  # moved off its drained replica
             assert len(ray.get(controller.status.remote())) == 1
             wait_for(lambda: in_pool(router) == 1, "the drained replicas to leave the pool")
             client.close()
