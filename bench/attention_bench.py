@@ -42,8 +42,30 @@ def one_pass(fn, layers: int, q, k_pool, v_pool, ctx: torch.Tensor) -> float:
 def attention_at(commit: str) -> ctypes.CDLL:
     """The attention kernel as of `commit`, its functions declared as this tree's."""
     library = kernel_at(commit, "avx2_attention.cpp")
-    avx2_attention._declare(library)
-    return library
+    if hasattr(library, "avx2_paged_attention"):
+        avx2_attention._declare(library)
+        return library
+    return _Before(library)
+
+
+class _Before:
+    """A kernel from before causal chains and AVX-512 (its entry point `avx2_attention`, without either argument),
+    called as this tree's is."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        p, n = ctypes.c_void_p, ctypes.c_long
+        library.avx2_attention.argtypes = [p, n, n, n, n, p, p, n, p, n, p, ctypes.c_float, p, ctypes.c_int]
+        library.avx2_attention.restype = None
+        self.library = library
+
+    def avx2_paged_attention(self, *args) -> None:
+        *head, causal, scale, out, threads, _isa = args
+        if causal:
+            raise ValueError("that commit's kernel has no causal chains")
+        self.library.avx2_attention(*head, scale, out, threads)
+
+    def avx2_attention_isa(self) -> int:
+        return 1
 
 
 def through(library: ctypes.CDLL | None):

@@ -24,7 +24,7 @@ class SeqSlice:
     mask: torch.Tensor | None  # [n, C] bool, None when every row may see every slot
     query_pos: torch.Tensor  # [n]
     key_pos: torch.Tensor  # [C]
-    causal_rows: int = 0  # leading rows that are a causal chain from key 0 (a prefill with no cached prefix)
+    causal_rows: int = 0  # leading rows that are a causal chain after the cached context (a prompt's prefill)
     _bias: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # masks by their form, made once
 
     def __post_init__(self) -> None:
@@ -72,13 +72,31 @@ class SeqSlice:
             self._bias[key] = None if mask is None else mask[first_row:].to(torch.uint8).contiguous()
         return self._bias[key]
 
+    @property
+    def cached(self) -> int:
+        """Context tokens before this step's."""
+        return len(self.ctx_slots) - (self.end - self.start)
+
+    def chain_rows(self) -> int:
+        """Leading rows long enough a causal chain to be computed as one (`_CHAIN_FROM`)."""
+        return self.causal_rows if self.causal_rows >= _CHAIN_FROM else 0
+
     def flash_rows(self, window: int | None) -> int:
-        """Leading rows that plain causal attention can serve: a long enough chain the window does not cut."""
-        rows = self.causal_rows
-        return rows if rows >= _FLASH_FROM and (window is None or rows <= window) else 0
+        """Leading rows that plain causal attention can serve: a long enough chain from key 0 no window cuts."""
+        rows = self.chain_rows()
+        return rows if self.cached == 0 and (window is None or rows <= window) else 0
+
+    def chain_visible(self, window: int | None) -> torch.Tensor | None:
+        """`visible` for the chain's rows over the slots up to its last row's (what the window hides; None: nothing)."""
+        key = ("chain", window)
+        if key not in self._bias:
+            mask = self.window_mask(window) if window is not None else None
+            rows = self.chain_rows()
+            self._bias[key] = None if mask is None else mask[:rows, : self.cached + rows].to(torch.uint8).contiguous()
+        return self._bias[key]
 
 
-_FLASH_FROM = 64  # below this, the causal chain goes through the general path with the rest
+_CHAIN_FROM = 64  # below this, a causal chain goes through the general path with the rest
 
 
 @dataclass
@@ -143,24 +161,28 @@ def paged_attention(
     group = q.shape[1] // k.shape[1]
     kernel = avx2_attention.usable_for(q, pool.k)
     for s in batch.seqs:
-        first = s.start + (c := s.flash_rows(window))
+        chain = s.chain_rows() if kernel else s.flash_rows(window)  # a prompt's chain: its rows as one causal product
+        first = s.start + chain
         by_kernel = kernel and (s.end - first) * len(s.ctx_slots) <= _SDPA_FROM  # it reads the pool in place
-        if c or not by_kernel:
+        if (chain and not kernel) or (first < s.end and not by_kernel):
             keys = s.context(pool.k[layer]).transpose(0, 1)  # [KVH, C, D] (a view where the slots are consecutive)
             values = s.context(pool.v[layer]).transpose(0, 1)
-        if c:  # a prompt's prefill: SDPA's flash kernel, ~3x faster than masked scores at 800 tokens here
+        if chain and kernel:  # each block of its rows reads the keys up to its last row's only
+            avx2_attention.attention(q[s.start : first], pool.k[layer], pool.v[layer], s.ctx_slots[: s.cached + chain],
+                                     s.chain_visible(window), scale, out=out[s.start : first], causal=True)
+        elif chain:  # without the kernel, SDPA's flash kernel, ~3x faster than masked scores at 800 tokens here
             # (it takes the flash path only for 4-d inputs with as many kv heads as query heads)
             o = F.scaled_dot_product_attention(q[None, s.start : first].transpose(1, 2),
-                                               keys[None, :, :c].repeat_interleave(group, 1),
-                                               values[None, :, :c].repeat_interleave(group, 1),
+                                               keys[None, :, :chain].repeat_interleave(group, 1),
+                                               values[None, :, :chain].repeat_interleave(group, 1),
                                                is_causal=True, scale=scale)
-            out[s.start : first] = o[0].transpose(0, 1).reshape(c, -1)
+            out[s.start : first] = o[0].transpose(0, 1).reshape(chain, -1)
         if first < s.end and by_kernel:
             avx2_attention.attention(q[first : s.end], pool.k[layer], pool.v[layer], s.ctx_slots,
-                                     s.visible(window, c), scale, out=out[first : s.end])
+                                     s.visible(window, first - s.start), scale, out=out[first : s.end])
         elif first < s.end:
             out[first : s.end] = grouped_attention(q[first : s.end], keys, values,
-                                                   s.attention_bias(window, group, c), scale)
+                                                   s.attention_bias(window, group, first - s.start), scale)
     return out
 
 

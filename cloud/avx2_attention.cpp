@@ -7,7 +7,7 @@
 // thread, every kv head's tile at once, so that the pool's rows are read in order, each whole.
 //
 // Every query vector's result is computed by the same sequence of operations whatever the block it falls in, so a
-// row's output does not depend on the rows beside it.
+// row's output does not depend on the rows beside it (in a causal chain, given the keys its block reads).
 #include <immintrin.h>
 
 #include <cmath>
@@ -82,9 +82,14 @@ void scores(const float* const* q, long rows, const float* const* keys, long C, 
     const float* k[4];
     for (int i = 0; i < 4; i++) k[i] = keys[c + i < C ? c + i : C - 1];
     long r = 0;
-    for (; r + 2 <= rows; r += 2) {
+    for (; r + 3 <= rows; r += 3) {
+      float* out[3] = {s + r * ld + c, s + (r + 1) * ld + c, s + (r + 2) * ld + c};
+      dots<3>(q + r, k, D, sc, out);
+    }
+    if (r + 2 <= rows) {
       float* out[2] = {s + r * ld + c, s + (r + 1) * ld + c};
       dots<2>(q + r, k, D, sc, out);
+      r += 2;
     }
     if (r < rows) {
       float* out[1] = {s + r * ld + c};
@@ -93,14 +98,16 @@ void scores(const float* const* q, long rows, const float* const* keys, long C, 
   }
 }
 
-// Masked scores -inf: mask[r] [C] (1 = visible), or null where row r sees every key.
-void mask_scores(float* s, long rows, long C, long ld, const unsigned char* const* mask) {
+// Masked scores -inf: mask[r] [C] (1 = visible), or null where row r sees every key; and every key at or past see[r].
+void mask_scores(float* s, long rows, long C, long ld, const unsigned char* const* mask, const long* see) {
   for (long r = 0; r < rows; r++) {
     const unsigned char* m = mask[r];
-    const void* hidden = m ? std::memchr(m, 0, C) : nullptr;  // a tree's rows see all but the last few slots
-    if (!hidden) continue;
+    long end = see[r];
     float* row = s + r * ld;
-    for (long j = static_cast<const unsigned char*>(hidden) - m; j < C; j++) row[j] = m[j] ? row[j] : -INFINITY;
+    const void* hidden = m ? std::memchr(m, 0, end) : nullptr;  // a tree's rows see all but the last few slots
+    if (hidden)
+      for (long j = static_cast<const unsigned char*>(hidden) - m; j < end; j++) row[j] = m[j] ? row[j] : -INFINITY;
+    for (long j = end; j < C; j++) row[j] = -INFINITY;
   }
 }
 
@@ -151,10 +158,59 @@ inline void weighted_rows(const float* const* w, const float* const* values, lon
     for (int j = 0; j < 4; j++) _mm256_storeu_ps(acc[i] + d0 + 8 * j, a[i][j]);
 }
 
-// acc[r] (+)= sum_{c in [c0, c1)} w[r][c] v_c for rows of weights w (stride ld) and of acc [rows][D]: two rows at a
-// time, an odd last one alone.
+#define AVX512 __attribute__((target("avx512f")))
+
+// weighted_rows with AVX-512, where the CPU has it: dimensions [d0, d0 + 64) of up to six rows in registers, so that a
+// value row read once serves them all (AVX2's 16 registers hold two rows' 32 dimensions, and the loads outnumber the
+// FMAs). Each dimension's sum is the same FMAs over c in the same order as on AVX2: the same bits.
+template <int R>
+AVX512 inline void weighted_rows512(const float* const* w, const float* const* values, long c0, long c1, long d0,
+                                    float* const* acc) {
+  __m512 a[R][4];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < 4; j++) a[i][j] = c0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc[i] + d0 + 16 * j);
+  for (long c = c0; c < c1; c++) {
+    const float* v = values[c] + d0;
+    __m512 y[4];
+    for (int j = 0; j < 4; j++) y[j] = _mm512_loadu_ps(v + 16 * j);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; i++) {
+      __m512 b = _mm512_set1_ps(w[i][c]);
+      for (int j = 0; j < 4; j++) a[i][j] = _mm512_fmadd_ps(b, y[j], a[i][j]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < R; i++)
+    for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc[i] + d0 + 16 * j, a[i][j]);
+}
+
+AVX512 void weighted_values512(const float* w, long ld, long rows, const float* const* values, long c0, long c1,
+                               long D, float* acc) {
+  for (long d0 = 0; d0 < D; d0 += 64) {
+    for (long r = 0; r < rows;) {
+      long n = rows - r < 6 ? rows - r : 6;
+      const float* wr[6];
+      float* ar[6];
+      for (long i = 0; i < n; i++) wr[i] = w + (r + i) * ld, ar[i] = acc + (r + i) * D;
+      switch (n) {
+        case 1: weighted_rows512<1>(wr, values, c0, c1, d0, ar); break;
+        case 2: weighted_rows512<2>(wr, values, c0, c1, d0, ar); break;
+        case 3: weighted_rows512<3>(wr, values, c0, c1, d0, ar); break;
+        case 4: weighted_rows512<4>(wr, values, c0, c1, d0, ar); break;
+        case 5: weighted_rows512<5>(wr, values, c0, c1, d0, ar); break;
+        default: weighted_rows512<6>(wr, values, c0, c1, d0, ar); break;
+      }
+      r += n;
+    }
+  }
+}
+
+// acc[r] (+)= sum_{c in [c0, c1)} w[r][c] v_c for rows of weights w (stride ld) and of acc [rows][D]: on AVX2 two rows
+// at a time, an odd last one alone; with AVX-512 (isa 2) where D is a multiple of 64, up to six.
 void weighted_values(const float* w, long ld, long rows, const float* const* values, long c0, long c1, long D,
-                     float* acc) {
+                     float* acc, int isa) {
+  if (isa == 2 && D % 64 == 0) return weighted_values512(w, ld, rows, values, c0, c1, D, acc);
   for (long d0 = 0; d0 < D; d0 += 32) {
     long r = 0;
     for (; r + 2 <= rows; r += 2) {
@@ -185,24 +241,29 @@ struct Part {
   std::vector<const float*> keys, values, q;
   std::vector<float*> out;
   std::vector<const unsigned char*> mask;
+  std::vector<long> see;  // keys [0, see[r]) may be visible to vector r
   std::vector<float> s, acc, inv;
 };
 
-}  // namespace
+constexpr long kCausalBlock = 48;  // a causal chain's query vectors taken together (their keys end at the last one's)
 
 // out [n][H * D] = attention of q [n][H][D] over one sequence's context: the C pool slots `slots`, whose keys and
 // values for kv head h start at k_cache / v_cache + slot * slot_stride + h * D. Query head h reads kv head
-// h / (H / KVH). mask [n][C] (1 = visible), or null when every row sees every slot. D must be a multiple of 32.
+// h / (H / KVH). mask [n][C] (1 = visible), or null when every row sees every slot; `causal`: besides, row r sees no
+// slot after C - n + r, its own where the rows are the context's last n tokens, in order (a prompt's chain). D must
+// be a multiple of 32.
 // The query vectors of each kv head are split in as many blocks as keep `threads` busy (OpenMP, the runtime torch
 // itself uses), a block reading its keys and values once; with one thread, every head is one task, its keys and
 // values read in one sweep over the slots: a slot's heads lie side by side in the pool, so the sweep streams the
-// pool's rows in order where a head at a time reads a part of each row and skips the rest.
-extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D, const float* k_cache,
-                               const float* v_cache, long slot_stride, const long* slots, long C,
-                               const unsigned char* mask, float scale, float* out, int threads) {
+// pool's rows in order where a head at a time reads a part of each row and skips the rest. A causal chain's blocks
+// are smaller, each reading the keys up to its last row's only (half the work of a long chain's square).
+void attention(const float* q, long n, long H, long KVH, long D, const float* k_cache, const float* v_cache,
+               long slot_stride, const long* slots, long C, const unsigned char* mask, bool causal, float scale,
+               float* out, int threads, int isa) {
   long group = H / KVH, vectors = group * n;
   long splits = threads > KVH ? (threads + KVH - 1) / KVH : 1;
   long block = (vectors + splits - 1) / splits;
+  if (causal && block > kCausalBlock) block = kCausalBlock;
   block += block % 2;  // query vectors go in pairs (an odd one is left for the last block)
   long blocks = (vectors + block - 1) / block, ld = (C + 3) / 4 * 4;
   long heads_per_task = threads > 1 ? 1 : KVH;
@@ -213,6 +274,8 @@ extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D,
 #pragma omp for schedule(static)
     for (long task = 0; task < tasks; task++) {
       long first = task % blocks * block, rows = vectors - first < block ? vectors - first : block;
+      // The keys this block reads: up to its last row's own where the rows are causal, else all.
+      long reach = causal ? C - n + (first + rows - 1) / group + 1 : C;
       for (long j = 0; j < heads_per_task; j++) {
         Part& p = parts[j];
         long h = task / blocks * heads_per_task + j;
@@ -223,7 +286,7 @@ extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D,
             p.values[c] = v_cache + slots[c] * slot_stride + h * D;
           }
           p.s.resize(block * ld), p.acc.resize(block * D), p.inv.resize(block);
-          p.q.resize(block), p.out.resize(block), p.mask.resize(block);
+          p.q.resize(block), p.out.resize(block), p.mask.resize(block), p.see.resize(block);
         }
         p.h = h, p.rows = rows;
         for (long r = 0; r < rows; r++) {  // vector v of kv head h: token v / group, query head h * group + v % group
@@ -231,27 +294,29 @@ extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D,
           p.q[r] = q + (token * H + head) * D;
           p.out[r] = out + (token * H + head) * D;
           p.mask[r] = mask ? mask + token * C : nullptr;
+          p.see[r] = causal ? C - n + token + 1 : C;
         }
       }
       long row_bytes = heads_per_task * D * sizeof(float);  // the task's heads lie side by side in a slot's row
       auto next_tile = [&](const std::vector<const float*>& rows, long c1) {
-        prefetch(rows.data(), c1, c1 + kTile < C ? c1 + kTile : C, row_bytes);
+        prefetch(rows.data(), c1, c1 + kTile < reach ? c1 + kTile : reach, row_bytes);
       };
-      for (long c0 = 0; c0 < C; c0 += kTile) {
-        long c1 = c0 + kTile < C ? c0 + kTile : C;
-        if (c1 < C) next_tile(parts[0].keys, c1);
+      for (long c0 = 0; c0 < reach; c0 += kTile) {
+        long c1 = c0 + kTile < reach ? c0 + kTile : reach;
+        if (c1 < reach) next_tile(parts[0].keys, c1);
         else next_tile(parts[0].values, 0);
         for (Part& p : parts)
           scores(p.q.data(), p.rows, p.keys.data() + c0, c1 - c0, D, scale, p.s.data() + c0, ld);
       }
       for (Part& p : parts) {
-        mask_scores(p.s.data(), p.rows, C, ld, p.mask.data());
-        softmax_rows(p.s.data(), p.rows, C, ld, p.inv.data());
+        mask_scores(p.s.data(), p.rows, reach, ld, p.mask.data(), p.see.data());
+        softmax_rows(p.s.data(), p.rows, reach, ld, p.inv.data());
       }
-      for (long c0 = 0; c0 < C; c0 += kTile) {
-        long c1 = c0 + kTile < C ? c0 + kTile : C;
-        if (c1 < C) next_tile(parts[0].values, c1);
-        for (Part& p : parts) weighted_values(p.s.data(), ld, p.rows, p.values.data(), c0, c1, D, p.acc.data());
+      for (long c0 = 0; c0 < reach; c0 += kTile) {
+        long c1 = c0 + kTile < reach ? c0 + kTile : reach;
+        if (c1 < reach) next_tile(parts[0].values, c1);
+        for (Part& p : parts)
+          weighted_values(p.s.data(), ld, p.rows, p.values.data(), c0, c1, D, p.acc.data(), isa);
       }
       for (Part& p : parts) {
         for (long r = 0; r < p.rows; r++) {
@@ -262,4 +327,20 @@ extern "C" void avx2_attention(const float* q, long n, long H, long KVH, long D,
       }
     }
   }
+}
+
+}  // namespace
+
+// Which instructions this CPU runs the kernel with: 2 for AVX-512, 1 for AVX2 (the caller has checked for it).
+extern "C" int avx2_attention_isa(void) {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") ? 2 : 1;
+}
+
+// `attention` above, causal or not (0 or 1), with the instructions avx2_attention_isa gives, or 1.
+extern "C" void avx2_paged_attention(const float* q, long n, long H, long KVH, long D, const float* k_cache,
+                                     const float* v_cache, long slot_stride, const long* slots, long C,
+                                     const unsigned char* mask, int causal, float scale, float* out, int threads,
+                                     int isa) {
+  attention(q, n, H, KVH, D, k_cache, v_cache, slot_stride, slots, C, mask, causal, scale, out, threads, isa);
 }

@@ -264,7 +264,7 @@ class Engine:
                     mask=step_mask(cached, chain, tree),
                     query_pos=torch.from_numpy(pos),
                     key_pos=torch.from_numpy(np.concatenate([np.arange(cached), pos])),
-                    causal_rows=chain if cached == 0 else 0,
+                    causal_rows=chain,
                 )
             )
             if i < logits_for:

@@ -131,6 +131,85 @@ def test_paged_attention_takes_the_kernel_and_agrees_with_torchs_products(monkey
     assert torch.allclose(by_kernel, by_torch, atol=1e-5)
 
 
+@pytest.mark.skipif(not avx2_attention.available() or avx2_attention.isa() < 2, reason="no AVX-512 on this CPU")
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 1, 256)])
+def test_avx512_gives_avx2s_bits(heads: int, kv_heads: int, head_dim: int):
+    """The values' weighted sums in AVX-512 registers, up to six rows a read: each dimension the same FMAs in the same
+    order as on AVX2."""
+    for n, ctx in [(1, 37), (7, 300), (17, 130)]:
+        q, k_cache, v_cache, slots, mask = case(n + ctx, n, heads, kv_heads, head_dim, ctx, masked=True)
+        by = [avx2_attention.attention(q, k_cache, v_cache, slots, mask, 0.125, instructions=i) for i in (2, 1)]
+        assert torch.equal(*by), (n, ctx)
+
+
+def causal_mask(n: int, ctx: int) -> torch.Tensor:
+    """[n, ctx]: the last n slots a chain, each row seeing the cached slots before them and its own and earlier."""
+    return torch.cat([torch.ones(n, ctx - n, dtype=torch.bool), torch.tril(torch.ones(n, n, dtype=torch.bool))], 1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,ctx", [(1, 1), (5, 5), (70, 70), (100, 260), (49, 49)])
+def test_a_causal_chain_reads_no_key_past_its_own(threads: int, n: int, ctx: int):
+    """A prompt's chain (causal=True) matches float64 with its mask, a window's mask still applies, and what the slots
+    after a row's own hold does not change it (the kernel reads them only up to its block's last row's)."""
+    q, k_cache, v_cache, slots, _ = case(n * 7 + ctx, n, 9, 3, 64, ctx, masked=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        want = float64_attention(q, k_cache, v_cache, slots, causal_mask(n, ctx), 0.125)
+        got = avx2_attention.attention(q, k_cache, v_cache, slots, None, 0.125, causal=True)
+        assert (got.double() - want).abs().max() < 2e-6
+        window = causal_mask(n, ctx) & (torch.rand(n, ctx, generator=torch.Generator().manual_seed(n)) > 0.3)
+        window[torch.arange(n), ctx - n + torch.arange(n)] = True  # each row sees its own slot
+        want = float64_attention(q, k_cache, v_cache, slots, window, 0.125)
+        got = avx2_attention.attention(q, k_cache, v_cache, slots, window, 0.125, causal=True)
+        assert (got.double() - want).abs().max() < 2e-6
+    finally:
+        torch.set_num_threads(before)
+    plain = avx2_attention.attention(q, k_cache, v_cache, slots, None, 0.125, causal=True)
+    for row in range(0, n, 7):  # what the slots after a row's own hold counts for nothing in it
+        far = k_cache.clone(), v_cache.clone()
+        far[0][slots[ctx - n + row + 1 :]] = 1e4
+        far[1][slots[ctx - n + row + 1 :]] = -1e4
+        assert torch.equal(avx2_attention.attention(q, *far, slots, None, 0.125, causal=True)[row], plain[row])
+
+
+def test_a_causal_chain_longer_than_its_slots_is_refused():
+    q, k_cache, v_cache, slots, _ = case(1, 5, 9, 3, 64, 4, masked=False)
+    with pytest.raises(ValueError, match="causal chain of 5 rows over 4 slots"):
+        avx2_attention.attention(q, k_cache, v_cache, slots, None, 0.125, causal=True)
+
+
+@pytest.mark.parametrize("cached", [0, 50])
+def test_a_prompts_chain_goes_through_the_kernel_causally_and_agrees_with_torch(monkeypatch, cached: int):
+    """A prefill of 70 tokens after `cached` ones, the first draft's two nodes after it: the chain by the kernel's
+    causal path, the nodes by its masked one; torch's (SDPA's flash kernel from key 0, masked products after a cached
+    prefix) agree."""
+    from specedge.cloud.tree_mask import step_mask
+    from specedge.common.draft_tree import DraftTree
+
+    pool = KVBlockPool(KVBlockPool.block_bytes(16, 1, 3, 64) * 16, block_size=16, num_layers=1, num_kv_heads=3,
+                       head_dim=64)
+    gen = torch.Generator().manual_seed(9)
+    pool.k.normal_(generator=gen)
+    pool.v.normal_(generator=gen)
+    chain, tree = 70, DraftTree([5, 6], [-1, 0])
+    n = chain + len(tree)
+    ctx = torch.arange(cached + n)
+    seq = SeqSlice(0, n, ctx, step_mask(cached, chain, tree), torch.arange(cached, cached + n),
+                   torch.arange(cached + n), causal_rows=chain)
+    batch = StepBatch(torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long), ctx[cached:], [seq])
+    q, k, v = (torch.randn(n, h, 64, generator=gen) for h in (9, 3, 3))
+    calls = []
+    real = avx2_attention.attention
+    monkeypatch.setattr(avx2_attention, "attention", lambda *a, **kw: calls.append(kw.get("causal")) or real(*a, **kw))
+    by_kernel = paged_attention(q, k, v, 0, pool, batch, 0.125)
+    assert calls == [True, None]
+    monkeypatch.setattr(avx2_attention, "usable_for", lambda *a: False)
+    by_torch = paged_attention(q, k, v, 0, pool, batch, 0.125)
+    assert torch.allclose(by_kernel, by_torch, atol=1e-5)
+
+
 def test_turned_off_by_the_environment_attention_uses_torch():
     code = "from specedge.cloud import avx2_attention; print(avx2_attention.available())"
     env = {**os.environ, "SPECEDGE_CPU_ATTENTION": "torch"}
