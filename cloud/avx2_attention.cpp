@@ -53,7 +53,7 @@ float exp_nonpositive(float x) {
 
 // Dot products of R query vectors q[0..R) with keys k[0..3] (D a multiple of 8), times `scale`, into s[i][0..3]. Each
 // sum runs over d in order in one lane set, then adds its lanes as ((0+1)+(2+3))+((4+5)+(6+7)): the same operations
-// for a query vector whichever others it is computed with (R is 2, and 1 for an odd last one).
+// for a query vector whichever others it is computed with (R is 3, then 2 or 1 for the last ones).
 template <int R>
 inline void dots(const float* const* q, const float* const* k, long D, __m256 scale, float* const* s) {
   __m256 a[R][4];
