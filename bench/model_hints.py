@@ -41,6 +41,25 @@ class ModelHints:
     def open(self, prompt_ids: list[int]) -> PromptHints:
         return PromptHints(self, prompt_ids)
 
+    def at_prompt(self, prompt_ids: list[int]) -> Hints:
+        """The hints a verifier sends at the prompt's positions (row j after prompt_ids[j]; cloud/prompt_hints.py),
+        from the engine's prefill, cached as the passes' are. As on a verifier, positions whose KV the prefix cache
+        held (a chat template's opening, from the prompts before) have no row: their rows are empty."""
+        key = "prompt:" + hashlib.sha1(json.dumps(prompt_ids).encode()).hexdigest()[:16]
+        if (known := self.known.get(key)) is not None:
+            return Hints(*known)
+        engine = self.engine()
+        seq = engine.add_sequence(prompt_ids, SamplingParams(max_new_tokens=1), self.top_k, prompt_hints=True)
+        try:
+            (verdict,) = engine.step([(seq, DraftTree.empty())])
+        finally:
+            engine.release(seq)
+        unknown = [[] for _ in range(verdict.prompt_hints_start)]
+        hints = Hints(unknown + verdict.prompt_hints.ids, unknown + verdict.prompt_hints.probs)
+        self._remember(key, hints)
+        self.save()
+        return hints
+
     def engine(self):
         if self._engine is None:
             from specedge.cloud.engine import Engine

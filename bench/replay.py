@@ -90,12 +90,13 @@ class ReplaySession:
 
     def __init__(self, prompt_ids: list[int], output: list[int], vocab_size: int, cost: CostModel,
                  timed: bool = False, rtt_ms: float = 0.0, hints: Hints | None = None,
-                 model_hints: ModelHints | None = None) -> None:
+                 model_hints: ModelHints | None = None, prompt_hints: Hints | None = None) -> None:
         """`hints`: row j is the target's top tokens for output position j; `model_hints`: every node's row
-        from the model instead (None and None: verdicts carry no hints)."""
+        from the model instead (None and None: verdicts carry no hints); `prompt_hints`: what the first verdict
+        carries at the prompt's positions (row j after prompt token j)."""
         self.prompt_ids, self.output, self.vocab_size, self.cost = list(prompt_ids), list(output), vocab_size, cost
         self.params = SamplingParams(max_new_tokens=len(output))
-        self.hints = hints
+        self.hints, self.prompt_hints = hints, prompt_hints
         self.model_hints = model_hints.open(prompt_ids) if model_hints is not None else None
         self.max_tree_tokens = 1 << 30
         self.timed, self.rtt_ms = timed, rtt_ms
@@ -134,10 +135,11 @@ class ReplaySession:
             rows = [self.done] + [on_path.get(i, -1) for i in range(len(tree))]
             hints = Hints([self.hints.ids[r] if r >= 0 else [] for r in rows],
                           [self.hints.probs[r] if r >= 0 else [] for r in rows])
+        prompt_hints = self.prompt_hints if not self.pass_ms else None
         self.done += len(tokens)
         self.pass_ms.append(self.cost.ms(len(tree)))
         return StepResult(tokens=tokens, accepted=accepted, compute_ms=self.pass_ms[-1], rtt_ms=self.rtt_ms,
-                          hints=hints, verified_nodes=len(tree))
+                          hints=hints, verified_nodes=len(tree), prompt_hints=prompt_hints)
 
     def cost_model(self) -> CostModel:
         return self.cost
@@ -314,7 +316,10 @@ def main() -> None:
                          "in every session, instead of keeping its state across the client's sessions as the "
                          "served verifier does (cloud/verifier_drafter.py, WarmDrafters)")
     ap.add_argument("--hints", choices=("on-path", "model"), default=None,
-                    help="verdicts carry the verifier's hints (see above)")
+                    help="verdicts carry the verifier's hints (see above); the first one also at the prompt's "
+                         "positions, from the engine's prefill (cloud/prompt_hints.py)")
+    ap.add_argument("--no-prompt-hints", action="store_true",
+                    help="with --hints: none at the prompt's positions (as before 2026-12-07's sixtieth session)")
     ap.add_argument("--out", type=Path, default=None, metavar="RUNS.jsonl",
                     help="also write a row per generation (and one per prompt for plain decoding, method `ar`, "
                          "its modelled time) that bench/category_intervals.py reads, with the generation's "
@@ -335,6 +340,7 @@ def main() -> None:
     cost_of = replay_costs(args.cost, args.base_ms, DEFAULT_HINTS_TOP_K if args.hints else 0)
     hints = recorded_hints(args.runs, args.model, prompt_ids, refs) if args.hints == "on-path" else {}
     model_hints = ModelHints.beside(args.runs, args.model) if args.hints == "model" else None
+    at_prompt = ModelHints.beside(args.runs, args.model) if args.hints and not args.no_prompt_hints else None
     totals: dict[tuple[str, str], Totals] = defaultdict(Totals)
     # Timed rows carry the round trip, plain decoding's too (bench/category_intervals.py pairs rows by it).
     network = {"rtt_ms": args.rtt_ms} if args.timed else {}
@@ -362,7 +368,8 @@ def main() -> None:
             ids = prompt_ids[p.id]
             wants = hints_wanted(drafter) > 0
             session_args = (ids, refs[p.id], len(hf_tokenizer), cost_of(len(ids)), args.timed, args.rtt_ms,
-                            hints.get(p.id) if wants else None, model_hints if wants else None)
+                            hints.get(p.id) if wants else None, model_hints if wants else None,
+                            at_prompt.at_prompt(ids) if wants and at_prompt is not None else None)
             if args.timed and not args.serial:
                 session = PipelinedReplaySession(*session_args, warm=warm)
             else:

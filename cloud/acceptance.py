@@ -19,6 +19,8 @@ class Verdict:
     tokens: list[int]  # the accepted nodes' tokens, then the bonus token: everything newly committed
     bonus: int
     hints: Hints | None = None  # for sequences that asked for them (the engine adds them)
+    prompt_hints: Hints | None = None  # the first verdict's, where asked for: row j after prompt position
+    prompt_hints_start: int = 0  # prompt_hints_start + j (cloud/prompt_hints.py)
 
 
 def verify_tree(

@@ -20,6 +20,7 @@ from specedge.cloud.greedy_readback import GreedyReadback
 from specedge.cloud.hints import top_k_hints
 from specedge.cloud.kv_pool import KVBlockPool
 from specedge.cloud.models import build_runner
+from specedge.cloud.prompt_hints import PendingPromptHints, candidates
 from specedge.cloud.sampling import Draws
 from specedge.cloud.tree_mask import step_mask
 from specedge.common.draft_tree import DraftTree
@@ -36,6 +37,7 @@ class Sequence:
     draws: Draws
     num_cached: int  # leading tokens whose KV is in the pool
     hints_top_k: int = 0  # > 0: every verdict carries this many hint tokens per computed position
+    prompt_hints: PendingPromptHints | None = None  # asked for and not yet sent with the first verdict
 
     @property
     def output_ids(self) -> list[int]:
@@ -82,15 +84,20 @@ class Engine:
         """Whether the runner's layers run through torch.compile (from_hf_model's compile_layers)."""
         return self.runner.parts.compiled
 
-    def add_sequence(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> Sequence:
+    def add_sequence(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0,
+                     prompt_hints: bool = False) -> Sequence:
+        """`hints_top_k` > 0: every verdict carries hints (common/hints.py); with `prompt_hints` the first
+        verdict also carries them at every prompt position the prefill computes (cloud/prompt_hints.py)."""
         if not prompt_ids:
             raise ValueError("the prompt must contain at least one token")
         if max(prompt_ids) >= self.vocab_size or min(prompt_ids) < 0:
             raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
         seq_id = next(self._ids)
         num_cached = self.pool.open(seq_id, prompt_ids)
+        pending = PendingPromptHints(num_cached, candidates(prompt_ids, self.vocab_size)) \
+            if prompt_hints and hints_top_k else None
         return Sequence(seq_id, list(prompt_ids), len(prompt_ids), params, Draws.for_seed(params.seed), num_cached,
-                        hints_top_k)
+                        hints_top_k, pending)
 
     def release(self, seq: Sequence) -> None:
         self.pool.close(seq.seq_id)
@@ -105,6 +112,9 @@ class Engine:
         for (seq, tree), (logits, argmax), seq_hints in zip(work, rows, hints):
             verdict = verify_tree(tree, logits, seq.params, seq.draws, len(seq.token_ids), argmax)
             verdict.hints = seq_hints
+            if seq.prompt_hints is not None:  # the prefill is done: its rows go with this verdict
+                verdict.prompt_hints, verdict.prompt_hints_start = seq.prompt_hints.hints, seq.prompt_hints.start
+                seq.prompt_hints = None
             self.commit(seq, tree, verdict)
             verdicts.append(verdict)
         for seq, n in chunks:
@@ -135,16 +145,21 @@ class Engine:
         """The pass: per sequence of `work`, (logits, argmax) on the CPU for its verdict, and its hints. On the
         CPU a greedy sequence gets its rows' argmax alone, from the output layer's int8 argmax
         (cloud/int8_argmax.py), and its hints from the same (`OutputLayer.argmax_and_hints`); a sampling one
-        gets logits. Off the CPU, see `_read_back`."""
-        if self.read_back_logits:
-            logits = self._logits(work, chunks)
-            return self._read_back(work, logits) if work else ([], [])
+        gets logits. Off the CPU, see `_read_back`. Prompt rows asked for are kept on their sequences."""
         if not work and not chunks:
             return [], []
-        batch, rows = self._device_batch(work, chunks)
+        asking = self._prompt_hint_rows(work, chunks)
+        batch, rows = self._device_batch(work, chunks, asking)
+        if self.read_back_logits and not asking:
+            logits = self._forward(batch, self.pool, rows)
+            return self._read_back(work, logits) if work else ([], [])
         hidden = self.runner.hidden(batch, self.pool, rows)
+        if asking:
+            hidden = self._keep_prompt_hints(hidden, asking)
         if not work:
             return [], []
+        if self.read_back_logits:
+            return self._read_back(work, self.runner.lm_head.logits(hidden))
         hidden = hidden.split([len(tree) + 1 for _, tree in work])
         head = self.runner.lm_head
         pairs: list = [None] * len(work)
@@ -170,15 +185,43 @@ class Engine:
                 at += len(seq_argmax)
         return pairs, hints
 
-    def _device_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
-                      ) -> tuple[StepBatch, torch.Tensor]:
-        """The step's batch and its logits rows, on the engine's device."""
+    def _device_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]],
+                      prompt_rows: list[tuple[Sequence, np.ndarray]] = ()) -> tuple[StepBatch, torch.Tensor]:
+        """The step's batch and its logits rows, on the engine's device, then `prompt_rows`' rows."""
         for seq, n in chunks:
             if not 0 < n < len(seq.token_ids) - seq.num_cached:
                 raise ValueError(f"a prefill chunk of {n} tokens must leave the last of the "
                                  f"{len(seq.token_ids) - seq.num_cached} uncomputed ones for the verdict")
         batch, logits_rows = self._host_batch(work, chunks)
+        if prompt_rows:
+            logits_rows = torch.cat([logits_rows] + [torch.from_numpy(rows) for _, rows in prompt_rows])
         return batch.to(self.device, logits_rows)
+
+    @staticmethod
+    def _prompt_hint_rows(work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
+                          ) -> list[tuple[Sequence, np.ndarray]]:
+        """Per sequence whose prompt hints are asked for, the batch rows of the prompt tokens this step
+        computes: a chunk's every token, a verdict's every uncomputed one but the root (its row is the
+        verdict's). In the order of `_build_batch`'s rows."""
+        items = [(seq, len(seq.token_ids) - seq.num_cached, len(tree), 1) for seq, tree in work]
+        items += [(seq, n, 0, 0) for seq, n in chunks]
+        asking, start = [], 0
+        for seq, chain, nodes, root in items:
+            if seq.prompt_hints is not None and chain > root:
+                asking.append((seq, np.arange(start, start + chain - root)))
+            start += chain + nodes
+        return asking
+
+    def _keep_prompt_hints(self, hidden: torch.Tensor, asking: list[tuple[Sequence, np.ndarray]]) -> torch.Tensor:
+        """Add the prompt rows at the end of `hidden` to their sequences' pending prompt hints; the rest."""
+        head = self.runner.lm_head
+        at = len(hidden) - sum(len(rows) for _, rows in asking)
+        rest = hidden[:at]
+        for seq, rows in asking:
+            seq.prompt_hints.add(hidden[at : at + len(rows)], head.weight, seq.hints_top_k, head.softcap,
+                                 seq.params.temperature)
+            at += len(rows)
+        return rest
 
     def _host_batch(self, work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]] = ()
                     ) -> tuple[StepBatch, torch.Tensor]:

@@ -14,12 +14,12 @@ from specedge.common.session import StepResult
 
 class LocalSession:
     def __init__(self, engine: Engine, prompt_ids: list[int], params: SamplingParams, costs: CostTracker,
-                 hints_top_k: int = 0) -> None:
+                 hints_top_k: int = 0, prompt_hints: bool = True) -> None:
         self.engine = engine
         self.vocab_size = engine.vocab_size
         self.max_tree_tokens = 1 << 30  # in this process, any tree is taken
         self.prompt_ids, self.params = list(prompt_ids), params
-        self.seq: Sequence | None = engine.add_sequence(prompt_ids, params, hints_top_k)
+        self.seq: Sequence | None = engine.add_sequence(prompt_ids, params, hints_top_k, prompt_hints)
         self.costs = costs
         self._prefilled = False
 
@@ -33,7 +33,8 @@ class LocalSession:
         if self._prefilled:  # the first pass also prefills the prompt: not a verification cost
             self.costs.observe(len(tree), ms)
         self._prefilled = True
-        return StepResult(tokens=verdict.tokens, accepted=verdict.accepted, compute_ms=ms, hints=verdict.hints)
+        return StepResult(tokens=verdict.tokens, accepted=verdict.accepted, compute_ms=ms, hints=verdict.hints,
+                          prompt_hints=verdict.prompt_hints, prompt_hints_start=verdict.prompt_hints_start)
 
     def cost_model(self) -> CostModel:
         return self.costs.model()
@@ -51,6 +52,8 @@ class LocalVerifier:
         self.engine = engine
         self.costs = CostTracker.for_device(engine.device)
 
-    def open(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0) -> LocalSession:
-        """`hints_top_k` > 0: every step's result carries the target's hints (common/hints.py)."""
-        return LocalSession(self.engine, prompt_ids, params, self.costs, hints_top_k)
+    def open(self, prompt_ids: list[int], params: SamplingParams, hints_top_k: int = 0,
+             prompt_hints: bool = True) -> LocalSession:
+        """`hints_top_k` > 0: every step's result carries the target's hints (common/hints.py), the first one
+        also at the prompt's positions unless `prompt_hints` is off (no bytes to save in this process)."""
+        return LocalSession(self.engine, prompt_ids, params, self.costs, hints_top_k, prompt_hints)

@@ -40,6 +40,7 @@ class OpenRequest:
     future: Future[tuple[Sequence, StepOutcome]] = field(default_factory=Future)
     submitted: float = field(default_factory=time.perf_counter)
     hints_top_k: int = 0  # the session's verdicts carry hints (common/hints.py)
+    prompt_hints: bool = False  # the first also at the prompt's positions (cloud/prompt_hints.py)
     on_progress: Callable[[int, int], None] | None = None  # (prompt tokens with KV, prompt length) per chunk
     seq: Sequence | None = None  # once a prefill in chunks has started (the scheduler's to set)
     cached_prompt_tokens: int = 0  # found in the prefix cache when it started

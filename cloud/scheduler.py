@@ -101,11 +101,14 @@ class VerifyScheduler:
     # ---- any thread --------------------------------------------------------------------------------
 
     def open(self, prompt_ids: list[int], params: SamplingParams, tree: DraftTree, hints_top_k: int = 0,
-             on_progress: Callable[[int, int], None] | None = None) -> Future[tuple[Sequence, StepOutcome]]:
-        """The prompt prefilled and `tree` verified with it; `hints_top_k` > 0: every verdict has hints.
+             on_progress: Callable[[int, int], None] | None = None, prompt_hints: bool = False
+             ) -> Future[tuple[Sequence, StepOutcome]]:
+        """The prompt prefilled and `tree` verified with it; `hints_top_k` > 0: every verdict has hints, the
+        first also at the prompt's positions with `prompt_hints`.
         `on_progress(prompt tokens with KV, prompt length)` is called, on the scheduler's thread, after each
         chunk of a prefill too long for one step."""
-        return self._submit(OpenRequest(prompt_ids, params, tree, hints_top_k=hints_top_k, on_progress=on_progress))
+        return self._submit(OpenRequest(prompt_ids, params, tree, hints_top_k=hints_top_k, on_progress=on_progress,
+                                        prompt_hints=prompt_hints))
 
     def verify(self, seq: Sequence, tree: DraftTree) -> Future[StepOutcome]:
         return self._submit(VerifyRequest(seq, tree))
@@ -262,7 +265,8 @@ class VerifyScheduler:
 
     def _open(self, request: OpenRequest) -> Sequence | None:
         try:
-            seq = self.engine.add_sequence(request.prompt_ids, request.params, request.hints_top_k)
+            seq = self.engine.add_sequence(request.prompt_ids, request.params, request.hints_top_k,
+                                           request.prompt_hints)
         except ValueError as e:
             _fail(request.future, e)
             return None

@@ -131,7 +131,8 @@ class VerifierService:
             identity = client
             hints_top_k = min(max(0, op.hints_top_k), self.config.max_hints_top_k)  # a larger ask gets the cap
             reports = _PrefillReports(self._loop) if op.report_prefill_progress else None
-            opening = self.scheduler.open(prompt, params, tree, hints_top_k, reports and reports.put)
+            opening = self.scheduler.open(prompt, params, tree, hints_top_k, reports and reports.put,
+                                          prompt_hints=op.prompt_hints)
             if reports is not None:
                 try:
                     async for computed, total in reports.until_done(opening):
@@ -152,8 +153,11 @@ class VerifierService:
             cached = outcome.cached_prompt_tokens
             self.metrics.prompt_tokens.labels("cached").inc(cached)
             self.metrics.prompt_tokens.labels("computed").inc(len(prompt) - cached)
-            yield pb.SessionResponse(opened=pb.Opened(session_id=session_id, cached_prompt_tokens=cached,
-                                                      verdict=self._verdict(outcome))).SerializeToString()
+            prompt_hints = outcome.verdict.prompt_hints
+            yield pb.SessionResponse(opened=pb.Opened(
+                session_id=session_id, cached_prompt_tokens=cached, verdict=self._verdict(outcome),
+                prompt_hints=wire.hints_to_pb(prompt_hints) if prompt_hints else None,
+                prompt_hints_start=outcome.verdict.prompt_hints_start)).SerializeToString()
             while True:
                 req = await self._next(requests, context)
                 if req is None:  # the client ended its stream without a close: the same, as far as it goes

@@ -20,6 +20,10 @@ class StepResult:
     rtt_ms: float = 0.0  # the rest of the round trip: network, serialisation
     next_max_tree_tokens: int | None = None  # the largest tree the verifier will take untrimmed next round
     hints: Hints | None = None  # the target's top tokens at the root and every node sent, when asked for
+    # The first result's, when asked for: the target's top tokens after each prompt position the verifier
+    # computed (cloud/prompt_hints.py), row j after position prompt_hints_start + j
+    prompt_hints: Hints | None = None
+    prompt_hints_start: int = 0
     verifier_drafted: int = 0  # of `tokens`, those the verifier drafted itself (a tree ahead's fill_tokens)
     verified_nodes: int | None = None  # the draft nodes `compute_ms` verified (None: the tree as sent; cut by
     # the verifier's plan, or filled with its own draft)

@@ -294,6 +294,16 @@ class Recycler:
         self.table.update([root_tail] + _tails(root_tail, tree.tokens, tree.parents), hints)
 
 
+    def learn_text(self, text: list[int], start: int, hints: Hints) -> None:
+        """Record hints at positions of committed `text`: row j the target's top tokens after text[start + j]
+        (rows beyond the text are dropped)."""
+        end = min(start + len(hints), len(text))
+        if start < 0 or end <= start:
+            return
+        contexts = [tuple(text[max(0, i - CONTEXT + 1) : i + 1]) for i in range(start, end)]
+        self.table.update(contexts, Hints(hints.ids[: end - start], hints.probs[: end - start]))
+
+
 def _monotone(probs: list[float]) -> list[float]:
     """`probs` with each lowered to the lowest at or above it."""
     for b in range(len(probs) - 2, -1, -1):

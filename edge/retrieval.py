@@ -111,6 +111,7 @@ class RetrievalDrafter:
         unlearned is learned first. So a draft's estimates are learned from every verdict but the last."""
         self.learn()
         self._sent.append(len(tree))
+        self.learn_prompt_hints(result)
         if result.hints is not None:
             self.learn_hints(tree, result.hints)
         self.index.append(result.tokens)
@@ -151,6 +152,13 @@ class RetrievalDrafter:
         verdict's tokens are committed)."""
         if self.recycler is not None:
             self.recycler.learn(self._tail(CONTEXT), tree, hints)
+
+    def learn_prompt_hints(self, result: StepResult) -> None:
+        """Keep the hints at the prompt's positions that the first verdict may carry (call before its tokens are
+        committed: its rows follow the text so far)."""
+        if self.recycler is not None and result.prompt_hints is not None:
+            self.recycler.learn_text(self.index.tokens[: self.index.n].tolist(), result.prompt_hints_start,
+                                     result.prompt_hints)
 
     def _tail(self, n: int) -> list[int]:
         return self.index.tokens[max(0, self.index.n - n) : self.index.n].tolist()

@@ -125,7 +125,7 @@ class RemoteSession:
             self._requests.put(pb.SessionRequest(open=pb.OpenSession(
                 client_id=self.client_id, prompt_ids=self.prompt_ids, params=wire.params_to_pb(self.params),
                 tokenizer_fingerprint=self.fingerprint, draft=wire.tree_to_pb(tree), hints_top_k=self.hints_top_k,
-                report_prefill_progress=self.on_prefill is not None)))
+                report_prefill_progress=self.on_prefill is not None, prompt_hints=self.hints_top_k > 0)))
             self._responses = self.verifier._session(self._outgoing(),
                                                      metadata=self.verifier.config.metadata(),
                                                      timeout=self.verifier.config.rpc_timeout_s)
@@ -152,7 +152,8 @@ class RemoteSession:
         while response.WhichOneof("kind") == "prefill_progress":
             self.on_prefill(response.prefill_progress.computed, response.prefill_progress.total)
             response = next(self._responses)
-        verdict = response.opened.verdict if response.WhichOneof("kind") == "opened" else response.verdict
+        opened = response.opened if response.WhichOneof("kind") == "opened" else None
+        verdict = opened.verdict if opened is not None else response.verdict
         # (For a tree sent ahead this includes waiting on the verifier for the verdicts before it.)
         wall_ms = (time.perf_counter() - self._sent.popleft()) * 1e3
         if verdict.HasField("cost"):  # (an empty verdict, for a tree ahead of the generation's end, has none)
@@ -161,7 +162,9 @@ class RemoteSession:
                           queue_ms=verdict.queue_ms, rtt_ms=max(0.0, wall_ms - verdict.compute_ms - verdict.queue_ms),
                           next_max_tree_tokens=verdict.next_max_tree_tokens, hints=wire.hints_from_pb(verdict.hints),
                           verifier_drafted=verdict.verifier_drafted,
-                          verified_nodes=verdict.verified_nodes if verdict.HasField("verified_nodes") else None)
+                          verified_nodes=verdict.verified_nodes if verdict.HasField("verified_nodes") else None,
+                          prompt_hints=wire.hints_from_pb(opened.prompt_hints) if opened is not None else None,
+                          prompt_hints_start=opened.prompt_hints_start if opened is not None else 0)
 
     def cost_model(self) -> CostModel:
         return self._cost
