@@ -227,8 +227,9 @@ class HybridDrafter:
             retrieval.observe(tree, result)
             model.observe(DraftTree.empty(), replace(result, accepted=[], hints=None))
             return
-        self.sources[0].learn_prompt_hints(result)  # (older than the tree's rows: kept first)
-        result = replace(result, prompt_hints=None)
+        if result.prompt_hints is not None:  # (older than the tree's rows: kept first)
+            self.sources[0].learn_prompt_hints(result)
+            result = replace(result, prompt_hints=None)
         if result.hints is not None:  # rows for the merged tree's nodes, the model's included
             self.sources[0].learn_hints(tree, result.hints)
         for number, (source, whole) in enumerate(zip(self._taking_part(), rnd.drafts)):
