@@ -13,6 +13,9 @@ rejected and unreached nodes get no row (a real verifier computes theirs too, in
 had), so the replay sees fewer hints than a real run. `--hints model`: the model computes every row, as a
 verifier does (one real forward per pass: a few minutes for 12 prompts on a 2-core CPU), kept beside the runs
 for the next replay that sends the same trees (bench/model_hints.py).
+In both, the first verdict also carries the rows at the prompt's positions that a verifier sends an edge asking
+for hints (cloud/prompt_hints.py), from the engine's prefill and cached beside the runs too; `--no-prompt-hints`
+leaves them out.
 
 With --timed each pass takes its modelled time (plus --rtt-ms) in real time, in a thread, as a remote
 verifier's would: drafting models then pay their real drafting time and do their work during the pass
