@@ -44,7 +44,8 @@ if [ "${1:-}" = round-split ]; then
 fi
 
 timeout "${TEST_TIMEOUT:-180}" python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_engine_parity.py \
-    tests/test_engine_devices.py tests/test_engine_sampling.py tests/test_grpc_cuda.py > "$OUT/cuda-tests.log" 2>&1
+    tests/test_engine_devices.py tests/test_engine_sampling.py tests/test_grpc_cuda.py tests/test_prompt_hints.py \
+    > "$OUT/cuda-tests.log" 2>&1
 echo "cuda tests: exit $?"; tail -3 "$OUT/cuda-tests.log"
 
 # shellcheck disable=SC2086

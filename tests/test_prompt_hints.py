@@ -166,3 +166,18 @@ def test_a_served_session_that_asks_for_hints_gets_the_prompts_rows_in_a_byte_ea
         assert plain.step(DraftTree.empty()).prompt_hints is None
         plain.close()
         verifier.close()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA GPU visible: runs on a GPU machine")])])
+def test_the_rows_come_the_same_where_the_logits_are_read_back_as_off_the_cpu(hf, device):
+    """On the CPU with `read_back_logits` switched on: the GPU's code path (the step's logits computed where they
+    lie and read back), and on a GPU when one is visible."""
+    engine = Engine.from_hf_model(tiny_llama(vocab_size=V), kv_pool_bytes=16 << 20, block_size=4, device=device,
+                                  dtype=torch.float32)
+    engine.read_back_logits = True
+    seq = engine.add_sequence(PROMPT, GREEDY, hints_top_k=K, prompt_hints=True)
+    (verdict,) = engine.step([(seq, DraftTree.chain([5, 6]))])
+    assert_rows_equal(verdict.prompt_hints, reference(hf, PROMPT))
+    assert len(verdict.hints) == 3
+    engine.release(seq)
