@@ -203,13 +203,12 @@ class Engine:
         """Per sequence whose prompt hints are asked for, the batch rows of the prompt tokens this step
         computes: a chunk's every token, a verdict's every uncomputed one but the root (its row is the
         verdict's). In the order of `_build_batch`'s rows."""
-        items = [(seq, len(seq.token_ids) - seq.num_cached, len(tree), 1) for seq, tree in work]
-        items += [(seq, n, 0, 0) for seq, n in chunks]
         asking, start = [], 0
-        for seq, chain, nodes, root in items:
+        for i, (seq, tree, chain) in enumerate(Engine._step_items(work, chunks)):
+            root = int(i < len(work))
             if seq.prompt_hints is not None and chain > root:
                 asking.append((seq, np.arange(start, start + chain - root)))
-            start += chain + nodes
+            start += chain + len(tree)
         return asking
 
     def _keep_prompt_hints(self, hidden: torch.Tensor, asking: list[tuple[Sequence, np.ndarray]]) -> torch.Tensor:
@@ -227,11 +226,17 @@ class Engine:
                     ) -> tuple[StepBatch, torch.Tensor]:
         """The step's batch, built on the host once its sequences' KV slots are reserved, and the rows of
         its logits to keep."""
-        items = [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work]
-        items += [(seq, DraftTree.empty(), n) for seq, n in chunks]
+        items = self._step_items(work, chunks)
         for seq, tree, chain in items:
             self.pool.reserve(seq.seq_id, seq.num_cached + chain + len(tree))
         return self._build_batch(items, logits_for=len(work))
+
+    @staticmethod
+    def _step_items(work: list[tuple[Sequence, DraftTree]], chunks: list[tuple[Sequence, int]]
+                    ) -> list[tuple[Sequence, DraftTree, int]]:
+        """(sequence, tree, uncomputed tokens to feed before it) per item of a step, in the batch's order."""
+        return [(seq, tree, len(seq.token_ids) - seq.num_cached) for seq, tree in work] + \
+            [(seq, DraftTree.empty(), n) for seq, n in chunks]
 
     def _hints(self, work: list[tuple[Sequence, DraftTree]], logits: list[torch.Tensor]) -> list[Hints | None]:
         """The hints of each sequence that asked for them, from its rows where they lie. Off the CPU the

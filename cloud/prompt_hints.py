@@ -4,8 +4,8 @@ A prefill computes the hidden state at every prompt position and throws all but 
 over all of them would cost a fifth of the prefill again (SmolLM2: 28M of its 134M weights per token), so these
 rows are the target's top k among a few candidates only: the prompt's own tokens and the vocabulary's first
 COMMON ids (byte-level BPE and SentencePiece vocabularies number their most frequent pieces first), about 1% of the
-prefill. The probabilities are normalised over the candidates, so they overstate what the full softmax gives; the
-edge's table calibrates every row by the verdicts it earns anyway (edge/recycling.py). Replaying Spec-Bench
+prefill by count of weights. The probabilities are normalised over the candidates, so they overstate what the full
+softmax gives; the edge's table calibrates every row by the verdicts it earns anyway (edge/recycling.py). Replaying Spec-Bench
 summarization and rag, these rows raised the drafter's tokens per pass as much as full-vocabulary rows did
 (BENCHMARKS.md section 7, "Hints at the prompt's positions").
 """
