@@ -330,6 +330,11 @@ def main() -> None:
                          "verified and the nodes accepted per round")
     ap.add_argument("--by-source", action="store_true",
                     help="also print, per retrieval drafter, its nodes' acceptance by source and depth")
+    ap.add_argument("--oracle", default=None, metavar="COST",
+                    help="also print what a perfect choice among each drafter's nodes would commit: tokens per "
+                         "pass sending only the accepted path's first n nodes, and the decode speedup of sending "
+                         "it whole, priced by COST (a --cost spec, its passes without hints: their share of a "
+                         "pass is under 2%%). Meaningful where the rounds drafted large trees: with --cost flat")
     ap.add_argument("--cost", default="cpu", metavar="cpu|flat|cpu:FILE:MODEL|gpu:FILE:SHAPE",
                     help="pass cost by tree size: this CPU's (cloud/cost_tracker.py's prior, scaled to --base-ms), "
                          "flat (every tree costs one plain pass), MODEL's greedy steps as bench/engine_bench.py "
@@ -353,6 +358,8 @@ def main() -> None:
         rows += [generation_row("remote-ar", p, refs[p.id], (len(refs[p.id]) - 1) * (plain_ms[p.id] + args.rtt_ms))
                  | network for p in prompts]
     by_source: dict[str, dict] = {}
+    oracle_cost = replay_costs(args.oracle, args.base_ms) if args.oracle else None
+    oracle: dict[str, Oracle] = defaultdict(Oracle)
     for name in args.drafters.split(","):
         if name == "suffix":
             from specedge.bench.suffix_drafter import SuffixDecodingDrafter
@@ -383,6 +390,8 @@ def main() -> None:
             for key in ((name, p.category), (name, "all")):  # the first pass (the prefill) left out
                 totals[key].add(len(r.token_ids) - 1, r.rounds - 1, decode_ms, sum(r.tree_sizes[1:]), r.draft_ms[1:],
                                 r.ahead, (len(r.token_ids) - 1) * plain_ms[p.id])
+            if oracle_cost is not None:
+                oracle[name].add(r.accepted[1:], oracle_cost(len(ids)))
             row = generation_row(name, p, r.token_ids, decode_ms) | {
                 "rounds": r.rounds, "ahead": r.ahead, "verifier_drafted": r.verifier_drafted,
                 "tree_sizes": r.tree_sizes, "accepted": r.accepted}
@@ -413,6 +422,8 @@ def main() -> None:
               file=sys.stderr)
     if args.by_source:
         print_by_source(by_source)
+    if oracle:
+        print_oracle(oracle, args.oracle)
     if args.out is not None:
         args.out.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -472,6 +483,39 @@ def print_by_source(by_source: dict[str, dict]) -> None:
                 cells.append(f"{accepted / reached:.2f} of {reached}" if reached else "-")
             if any(c != "-" for c in cells):
                 print(f"{name:<18}{source:<10}" + "".join(f"{c:>16}" for c in cells))
+
+
+ORACLE_BUDGETS = (2, 4, 6, 8, 12, 16)
+
+
+@dataclass
+class Oracle:
+    """Where a drafter's tokens are lost, choice or candidates: per round, the accepted path's length L in the
+    tree it sent. A perfect choice of n nodes among the same ones sends the path's first n and commits
+    min(L, n) + 1; sent whole, the path commits L + 1 at a pass of L nodes. (Each round's text is the one this
+    drafter reached with its own trees: an estimate of what a run choosing differently would see.)"""
+
+    paths: list[int] = field(default_factory=list)
+    plain_ms: float = 0.0  # the tokens those rounds commit, at one plain pass each
+    path_ms: float = 0.0  # the rounds' passes, each of its accepted path alone
+
+    def add(self, accepted: list[int], cost: CostModel) -> None:
+        self.paths += accepted
+        self.plain_ms += sum(n + 1 for n in accepted) * cost.ms(0)
+        self.path_ms += sum(cost.ms(n) for n in accepted)
+
+    def tokens_per_pass(self, budget: int) -> float:
+        return 1 + sum(min(n, budget) for n in self.paths) / max(1, len(self.paths))
+
+
+def print_oracle(oracle: dict[str, Oracle], cost: str) -> None:
+    print(f"\n{'drafter':<18}{'perfect choice: tokens per pass at n nodes':<44}{'path whole':>11}"
+          f"{'decode x':>9}  (priced by {cost})")
+    print(f"{'':<18}" + "".join(f"{'n=' + str(n):>7}" for n in ORACLE_BUDGETS) + f"{'':<2}"
+          f"{'tok/pass':>11}")
+    for name, o in oracle.items():
+        print(f"{name:<18}" + "".join(f"{o.tokens_per_pass(n):>7.3f}" for n in ORACLE_BUDGETS) + f"{'':<2}"
+              f"{o.tokens_per_pass(1 << 30):>11.3f}{o.plain_ms / o.path_ms:>9.2f}")
 
 
 @dataclass

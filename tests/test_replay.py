@@ -186,3 +186,16 @@ def test_an_aa_copy_replays_beside_its_original_with_the_same_outputs(tmp_path):
     table = replay(tmp_path, "--drafters", "retrieval,retrieval~")
     assert {("retrieval", "all"), ("retrieval~", "all")} <= set(table)
     assert table["retrieval~", "all"][0] > 3  # tokens per pass: it drafts from the repeats as the original does
+
+
+def test_a_perfect_choice_sends_the_accepted_paths_first_n_nodes_or_the_path_whole_at_its_own_pass():
+    from specedge.bench.replay import Oracle
+    from specedge.common.cost_model import CostModel
+
+    cost = CostModel(((0, 10.0), (4, 20.0), (12, 40.0)))  # 2.5 ms a node
+    oracle = Oracle()
+    oracle.add([0, 3, 10], cost)  # the accepted path's length in each round's tree
+    assert oracle.tokens_per_pass(2) == pytest.approx(1 + (0 + 2 + 2) / 3)
+    assert oracle.tokens_per_pass(16) == pytest.approx(1 + 13 / 3)
+    # Plain decoding: 1 + 4 + 11 tokens at a 10 ms pass each; the paths alone: passes of 0, 3 and 10 nodes.
+    assert oracle.plain_ms / oracle.path_ms == pytest.approx(160 / (10 + 17.5 + 35))
