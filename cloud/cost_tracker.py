@@ -7,10 +7,12 @@ import bisect
 
 from specedge.common.cost_model import CostModel
 
-# Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here
-# (BENCHMARKS.md, SmolLM2-135M, 400-token context). Used for sizes not measured yet.
-PRIOR_RELATIVE = {0: 1.0, 1: 1.03, 2: 1.03, 3: 1.05, 4: 1.27, 6: 1.37, 8: 1.49, 12: 1.68, 16: 1.97, 24: 2.38,
-                  32: 2.8, 64: 4.4, 128: 7.8}
+# Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here (BENCHMARKS.md
+# section 7, "Where the tokens are lost": SmolLM2-135M, greedy steps, 400- and 800-token contexts, three runs
+# smoothed): up to ~6 nodes the weights' reads bound a pass, beyond, each node's products. Used for sizes not
+# measured yet.
+PRIOR_RELATIVE = {0: 1.0, 1: 1.08, 2: 1.08, 3: 1.09, 4: 1.09, 6: 1.09, 8: 1.25, 12: 1.7, 16: 1.9, 24: 2.8,
+                  32: 3.6, 64: 6.8, 128: 14.0}
 # The same on a GPU: one session of the Llama-3.1-8B shape on an H200, 512-token context (BENCHMARKS.md
 # section 9; the steepest of the shapes measured there). A pass is nearly flat in its tokens.
 GPU_PRIOR_RELATIVE = {0: 1.0, 1: 1.06, 2: 1.07, 3: 1.09, 4: 1.09, 6: 1.1, 8: 1.11, 12: 1.18, 16: 1.22, 24: 1.24,
