@@ -50,6 +50,13 @@ CPU (the real model, its int8 argmax included; the default prior is SmolLM2's cu
 With --out each generation is also written as a runs.jsonl row, so that bench/category_intervals.py gives
 per-category intervals over the prompts (`--baseline ar`: plain decoding's modelled time); with --timed the
 rows carry each round's times too, from which bench/verifier_idle.py tells where the verifier waited.
+
+`--oracle COST` tells whether a drafter's tokens are lost to its choice of nodes or to its candidates: what a
+perfect choice among the nodes each round drafted would commit, at n nodes and with the accepted path sent whole
+(priced by COST); replay with free passes so that the rounds draft all they can:
+
+    .venv/bin/python bench/replay.py bench-out/hints-main/runs.jsonl --chat --hints model --cost flat --max-tree 128 \
+        --drafters retrieval --oracle cpu:bench-out/engine-smol/results.json:smollm2-135m
 """
 
 from __future__ import annotations
