@@ -8,8 +8,8 @@ import bisect
 from specedge.common.cost_model import CostModel
 
 # Pass time relative to a pass with no draft, by draft tokens, measured on the 2-core CPU here (BENCHMARKS.md
-# section 7, "Where the tokens are lost": SmolLM2-135M, greedy steps, 400- and 800-token contexts, three runs
-# smoothed): up to ~6 nodes the weights' reads bound a pass, beyond, each node's products. Used for sizes not
+# section 7, "Where the tokens are lost": SmolLM2-135M, bench/engine_bench.py's passes with logits, 400- and
+# 800-token contexts, three runs smoothed): up to ~6 nodes the weights' reads bound a pass, beyond, each node's products. Used for sizes not
 # measured yet.
 PRIOR_RELATIVE = {0: 1.0, 1: 1.08, 2: 1.08, 3: 1.09, 4: 1.09, 6: 1.09, 8: 1.25, 12: 1.7, 16: 1.9, 24: 2.8,
                   32: 3.6, 64: 6.8, 128: 14.0}
